@@ -1,0 +1,457 @@
+"""The policy document: schema, validation that names the field path of every error, and compilation.
+
+A policy is YAML (one ConfigMap key, or a file). Validation collects every error instead of stopping at the
+first, so an operator fixing an edit sees all of them at once. Compilation turns the document into a frozen
+`Policy` that the engine reads on the hot path without further checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from policies.quantity import QuantityError, parse_bytes
+
+API_VERSION = "gpu-admission.io/v1alpha1"
+KIND = "Policy"
+
+ACTIONS = ("enforce", "warn", "audit", "off")
+ENFORCEMENT_MODES = ACTIONS
+RULE_IDS = (
+    "training-same-rack",
+    "training-topology-scheduler",
+    "training-elastic-shrink",
+    "training-queue-priority",
+    "shared-gpu-single",
+    "online-no-timeslice",
+    "inference-warm-pool",
+    "gpu-request-fits",
+    "gpu-admission-annotations",
+)
+MUTATION_IDS = (
+    "training-pool",
+    "training-rack",
+    "training-node-pack",
+    "inference-spread",
+    "gpu-slice",
+    "online-exclusive",
+    "gpu-toleration",
+    "scheduler-queue",
+)
+QUEUE_SYSTEMS = ("", "kueue", "volcano", "kai")
+SHARING = ("none", "time-slicing", "mps")
+MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+class PolicyError(ValueError):
+    """An invalid policy document; `errors` holds one `path: message` string per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        first = errors[0] if errors else "invalid policy"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        super().__init__(f"{first}{more}")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A declared group of GPU nodes, selected by labels."""
+
+    name: str
+    node_selector: Mapping[str, str]
+    product: str = ""
+    gpus_per_node: int = 0
+    nodes: int = 1
+    rack: str = ""
+    sharing: str = "none"
+    replicas: int = 1
+    mig_strategy: str = "none"
+    mig_profiles: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str
+    operator: str
+    value: str
+    effect: str
+
+    def as_json(self) -> dict[str, str]:
+        out = {"key": self.key, "operator": self.operator}
+        if self.value:
+            out["value"] = self.value
+        if self.effect:
+            out["effect"] = self.effect
+        return out
+
+
+@dataclass(frozen=True)
+class CommSettings:
+    message_bytes: int = 16 * 2**20
+    nvlink_gbps: float = 400.0
+    network_gbps: float = 200.0
+    cross_rack_oversubscription: float = 2.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A validated, compiled policy. `hash` identifies the exact document text in decisions and logs."""
+
+    failure_mode: str
+    default_enforcement: str
+    rules: Mapping[str, str]
+    mutations: Mapping[str, bool]
+    rack: str
+    pools: tuple[Pool, ...]
+    training_pool: str
+    scheduler_name: str
+    queue_system: str
+    queue_name: str
+    priority_class: str
+    topology_schedulers: frozenset[str]
+    warm_pool: int
+    spread_when_unsatisfiable: str
+    spread_zones: bool
+    tolerations: tuple[Toleration, ...]
+    comm: CommSettings
+    hash: str
+    document: Mapping[str, Any]
+
+    def pool(self, name: str) -> Pool | None:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        return None
+
+
+class _Checker:
+    """Walks the document, recording `path: message` errors."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def err(self, path: str, msg: str) -> None:
+        self.errors.append(f"{path}: {msg}")
+
+    def mapping(self, doc: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+        value = doc.get(key, {})
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.err(_join(path, key), f"must be a mapping, got {_type(value)}")
+            return {}
+        return value
+
+    def known(self, doc: Mapping[str, Any], allowed: tuple[str, ...], path: str) -> None:
+        for key in doc:
+            if key not in allowed:
+                hint = _closest(str(key), allowed)
+                self.err(_join(path, str(key)), "unknown field" + (f" (did you mean {hint!r}?)" if hint else ""))
+
+    def choice(self, doc: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str, path: str) -> str:
+        value = doc.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, str) or value not in allowed:
+            self.err(_join(path, key), f"must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+            return default
+        return value
+
+    def string(self, doc: Mapping[str, Any], key: str, default: str, path: str) -> str:
+        value = doc.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            self.err(_join(path, key), f"must be a string, got {_type(value)}")
+            return default
+        return value
+
+    def boolean(self, doc: Mapping[str, Any], key: str, default: bool, path: str) -> bool:
+        value = doc.get(key, default)
+        if not isinstance(value, bool):
+            self.err(_join(path, key), f"must be true or false, got {value!r}")
+            return default
+        return value
+
+    def integer(self, doc: Mapping[str, Any], key: str, default: int, path: str, minimum: int = 0) -> int:
+        value = doc.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.err(_join(path, key), f"must be an integer, got {value!r}")
+            return default
+        if value < minimum:
+            self.err(_join(path, key), f"must be at least {minimum}, got {value}")
+            return default
+        return value
+
+    def number(self, doc: Mapping[str, Any], key: str, default: float, path: str) -> float:
+        value = doc.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            self.err(_join(path, key), f"must be a positive number, got {value!r}")
+            return default
+        return float(value)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _type(value: object) -> str:
+    return {dict: "mapping", list: "list", str: "string", int: "integer", float: "number", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _closest(word: str, options: tuple[str, ...]) -> str | None:
+    """A cheap 'did you mean': the option sharing the longest common prefix, if it is a good share."""
+    best, score = None, 0
+    for opt in options:
+        n = 0
+        for a, b in zip(word.lower(), opt.lower(), strict=False):
+            if a != b:
+                break
+            n += 1
+        if n > score:
+            best, score = opt, n
+    return best if best is not None and score >= max(3, len(best) // 2) else None
+
+
+_TOP = (
+    "apiVersion",
+    "kind",
+    "failureMode",
+    "defaultEnforcement",
+    "rules",
+    "mutations",
+    "topology",
+    "pools",
+    "training",
+    "inference",
+    "gpuNodes",
+    "comm",
+)
+
+
+def compile_policy(doc: object, text: str | None = None) -> Policy:
+    """Validate a parsed policy document and compile it; raise PolicyError listing every problem."""
+    c = _Checker()
+    if not isinstance(doc, Mapping):
+        raise PolicyError([f"(root): must be a mapping, got {_type(doc)}"])
+    c.known(doc, _TOP, "")
+    if doc.get("apiVersion") != API_VERSION:
+        c.err("apiVersion", f"must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
+    if doc.get("kind") != KIND:
+        c.err("kind", f"must be {KIND!r}, got {doc.get('kind')!r}")
+    failure_mode = c.choice(doc, "failureMode", ("closed", "open"), "closed", "")
+    default_enf = c.choice(doc, "defaultEnforcement", ENFORCEMENT_MODES, "enforce", "")
+
+    rules_doc = c.mapping(doc, "rules", "")
+    c.known(rules_doc, RULE_IDS, "rules")
+    default_rules = _default_document_rules()
+    rules = {r: c.choice(rules_doc, r, ACTIONS, default_rules.get(r, "enforce"), "rules") for r in RULE_IDS}
+
+    mut_doc = c.mapping(doc, "mutations", "")
+    c.known(mut_doc, MUTATION_IDS, "mutations")
+    mutations = {m: c.boolean(mut_doc, m, True, "mutations") for m in MUTATION_IDS}
+
+    topo = c.mapping(doc, "topology", "")
+    c.known(topo, ("rack",), "topology")
+    rack = c.string(topo, "rack", "auto", "topology")
+    if not rack:
+        c.err("topology.rack", "must be 'auto' or a node label key")
+
+    pools = _pools(c, doc.get("pools", []))
+
+    tr = c.mapping(doc, "training", "")
+    c.known(tr, ("pool", "schedulerName", "queue", "priorityClassName", "topologySchedulers"), "training")
+    training_pool = c.string(tr, "pool", "", "training")
+    if training_pool and training_pool not in {p.name for p in pools}:
+        c.err("training.pool", f"names no declared pool: {training_pool!r}")
+    queue = c.mapping(tr, "queue", "training")
+    c.known(queue, ("system", "name"), "training.queue")
+    queue_system = c.choice(queue, "system", QUEUE_SYSTEMS, "", "training.queue")
+    queue_name = c.string(queue, "name", "", "training.queue")
+    if bool(queue_system) != bool(queue_name):
+        c.err("training.queue", "system and name go together: set both or neither")
+    ts = tr.get("topologySchedulers", ["volcano", "kai-scheduler"])
+    if not isinstance(ts, list) or not all(isinstance(s, str) and s for s in ts):
+        c.err("training.topologySchedulers", "must be a list of scheduler names")
+        ts = []
+
+    inf = c.mapping(doc, "inference", "")
+    c.known(inf, ("warmPool", "spread"), "inference")
+    warm_pool = c.integer(inf, "warmPool", 1, "inference")
+    spread = c.mapping(inf, "spread", "inference")
+    c.known(spread, ("whenUnsatisfiable", "zones"), "inference.spread")
+    when = c.choice(
+        spread, "whenUnsatisfiable", ("ScheduleAnyway", "DoNotSchedule"), "ScheduleAnyway", "inference.spread"
+    )
+    zones = c.boolean(spread, "zones", True, "inference.spread")
+
+    gn = c.mapping(doc, "gpuNodes", "")
+    c.known(gn, ("tolerations",), "gpuNodes")
+    tolerations = _tolerations(c, gn.get("tolerations", []))
+
+    cm = c.mapping(doc, "comm", "")
+    c.known(cm, ("messageSize", "nvlinkGbps", "networkGbps", "crossRackOversubscription"), "comm")
+    message_bytes = 16 * 2**20
+    if "messageSize" in cm:
+        try:
+            message_bytes = parse_bytes(cm["messageSize"])
+            if message_bytes <= 0:
+                c.err("comm.messageSize", "must be positive")
+        except QuantityError as exc:
+            c.err("comm.messageSize", str(exc))
+    comm = CommSettings(
+        message_bytes=message_bytes,
+        nvlink_gbps=c.number(cm, "nvlinkGbps", 400.0, "comm"),
+        network_gbps=c.number(cm, "networkGbps", 200.0, "comm"),
+        cross_rack_oversubscription=c.number(cm, "crossRackOversubscription", 2.0, "comm"),
+    )
+
+    if c.errors:
+        raise PolicyError(c.errors)
+    canonical = text if text is not None else yaml.safe_dump(dict(doc), sort_keys=True)
+    return Policy(
+        failure_mode=failure_mode,
+        default_enforcement=default_enf,
+        rules=rules,
+        mutations=mutations,
+        rack=rack,
+        pools=pools,
+        training_pool=training_pool,
+        scheduler_name=c.string(tr, "schedulerName", "", "training"),
+        queue_system=queue_system,
+        queue_name=queue_name,
+        priority_class=c.string(tr, "priorityClassName", "", "training"),
+        topology_schedulers=frozenset(ts),
+        warm_pool=warm_pool,
+        spread_when_unsatisfiable=when,
+        spread_zones=zones,
+        tolerations=tolerations,
+        comm=comm,
+        hash="sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16],
+        document=doc,
+    )
+
+
+def _pools(c: _Checker, raw: object) -> tuple[Pool, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.err("pools", f"must be a list, got {_type(raw)}")
+        return ()
+    out: list[Pool] = []
+    names: set[str] = set()
+    fields = (
+        "name",
+        "nodeSelector",
+        "product",
+        "gpusPerNode",
+        "nodes",
+        "rack",
+        "sharing",
+        "replicas",
+        "migStrategy",
+        "migProfiles",
+    )
+    for i, item in enumerate(raw):
+        path = f"pools[{i}]"
+        if not isinstance(item, Mapping):
+            c.err(path, f"must be a mapping, got {_type(item)}")
+            continue
+        c.known(item, fields, path)
+        name = c.string(item, "name", "", path)
+        if not name:
+            c.err(f"{path}.name", "is required")
+        elif name in names:
+            c.err(f"{path}.name", f"duplicate pool name {name!r}")
+        names.add(name)
+        sel = item.get("nodeSelector")
+        if (
+            not isinstance(sel, Mapping)
+            or not sel
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in sel.items())
+        ):
+            c.err(f"{path}.nodeSelector", "must be a non-empty mapping of label keys to string values")
+            sel = {}
+        profiles = item.get("migProfiles", {}) or {}
+        if not isinstance(profiles, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in profiles.items()
+        ):
+            c.err(f"{path}.migProfiles", "must map MIG profile names (e.g. 1g.10gb) to slice counts")
+            profiles = {}
+        out.append(
+            Pool(
+                name=name,
+                node_selector=dict(sel),
+                product=c.string(item, "product", "", path),
+                gpus_per_node=c.integer(item, "gpusPerNode", 0, path),
+                nodes=c.integer(item, "nodes", 1, path, minimum=1),
+                rack=c.string(item, "rack", "", path),
+                sharing=c.choice(item, "sharing", SHARING, "none", path),
+                replicas=c.integer(item, "replicas", 1, path, minimum=1),
+                mig_strategy=c.choice(item, "migStrategy", MIG_STRATEGIES, "none", path),
+                mig_profiles=dict(profiles),
+            )
+        )
+    return tuple(out)
+
+
+def _tolerations(c: _Checker, raw: object) -> tuple[Toleration, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.err("gpuNodes.tolerations", f"must be a list, got {_type(raw)}")
+        return ()
+    out = []
+    for i, item in enumerate(raw):
+        path = f"gpuNodes.tolerations[{i}]"
+        if not isinstance(item, Mapping):
+            c.err(path, "must be a mapping")
+            continue
+        c.known(item, ("key", "operator", "value", "effect"), path)
+        op = c.choice(item, "operator", ("Exists", "Equal"), "Equal", path)
+        effect = c.choice(item, "effect", ("", "NoSchedule", "PreferNoSchedule", "NoExecute"), "", path)
+        key = c.string(item, "key", "", path)
+        value = c.string(item, "value", "", path)
+        if op == "Exists" and value:
+            c.err(f"{path}.value", "must be empty when operator is Exists")
+        out.append(Toleration(key=key, operator=op, value=value, effect=effect))
+    return tuple(out)
+
+
+def parse_policy_text(text: str) -> Policy:
+    """Parse YAML text and compile it; YAML errors become a PolicyError with the line number."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(document)"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise PolicyError([f"{where}: invalid YAML: {problem}"]) from None
+    return compile_policy(doc, text)
+
+
+def default_policy_text() -> str:
+    return importlib.resources.files("policies").joinpath("default-policy.yaml").read_text(encoding="utf-8")
+
+
+_DEFAULT_RULES: dict[str, str] = {}
+
+
+def _default_document_rules() -> dict[str, str]:
+    """Actions of the built-in document, so an edit that leaves a rule out keeps its default action."""
+    if not _DEFAULT_RULES:
+        doc = yaml.safe_load(default_policy_text())
+        _DEFAULT_RULES.update(doc.get("rules", {}))
+    return _DEFAULT_RULES
+
+
+def default_policy() -> Policy:
+    return parse_policy_text(default_policy_text())

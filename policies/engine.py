@@ -1,0 +1,201 @@
+"""The engine: mutate, then validate, as the API server would on CREATE; returns a frozen `Review`.
+
+Pure: plain JSON objects and a compiled policy in, a decision out. The web layer and the `check` command
+both call `review`; neither holds decision logic of its own.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from policies import userkeys
+from policies.document import Policy
+from policies.inventory import Inventory
+from policies.mutations import MUTATIONS
+from policies.patch import JsonOp, diff
+from policies.rules import RULES
+from policies.subject import ReviewContext, build
+from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, effective_kind
+
+__all__ = ["Finding", "Review", "ReviewContext", "RuleResult", "review"]
+
+_RANK = {"off": 0, "audit": 1, "warn": 2, "enforce": 3}
+WARNING_LIMIT = 120  # the API server keeps warnings short; kubectl prints each on one line
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """Outcome of one rule or mutation: pass | deny | warn | audit | error | skip | applied."""
+
+    rule: str
+    action: str
+    outcome: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Review:
+    kind: str
+    workload: str | None
+    allowed: bool
+    denials: tuple[Finding, ...]
+    warnings: tuple[str, ...]
+    mutations: tuple[str, ...]
+    patch: tuple[JsonOp, ...]
+    object: Json
+    results: tuple[RuleResult, ...]
+    policy_hash: str
+    handled: bool = True
+
+    @property
+    def verdict(self) -> str:
+        if not self.allowed:
+            return "deny"
+        return "warn" if self.warnings else "allow"
+
+    def denial_message(self) -> str:
+        """One line for the API server's Status message."""
+        return " | ".join(f.message for f in self.denials)
+
+
+def _cap(action: str, mode: str) -> str:
+    return action if _RANK[action] <= _RANK[mode] else mode
+
+
+def short(text: str, limit: int = WARNING_LIMIT) -> str:
+    text = " ".join(text.split())  # the API server drops warnings with control characters
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _copy(obj: Json) -> Json:
+    try:
+        out: Json = orjson.loads(orjson.dumps(obj))  # several times faster than deepcopy for JSON
+        return out
+    except (TypeError, orjson.JSONEncodeError):
+        return copy.deepcopy(obj)  # big integers or non-str keys: slower but exact
+
+
+def _untouched(obj: Json, kind: str, policy: Policy, warnings: tuple[str, ...] = (), handled: bool = True) -> Review:
+    return Review(kind, None, True, (), warnings, (), (), obj, (), policy.hash, handled)
+
+
+def review(
+    obj: Any,
+    *,
+    policy: Policy,
+    inventory: Inventory,
+    ctx: ReviewContext | None = None,
+    mutate: bool = True,
+) -> Review:
+    """Mutate-then-validate one object. Never raises for any JSON input."""
+    ctx = ctx or ReviewContext()
+    if not isinstance(obj, dict):
+        return _untouched({}, "", policy, ("object is not a JSON object: not handled",), handled=False)
+    kind = effective_kind(obj)
+    if kind not in TEMPLATE_KINDS and kind not in ELASTICITY_KINDS:
+        return _untouched(obj, kind, policy, handled=False)
+
+    mode, mode_warning = userkeys.namespace_mode(ctx.namespace_labels, policy.default_enforcement)
+    notes = [mode_warning] if mode_warning else []
+    if mode == "off":
+        return _untouched(obj, kind, policy)
+
+    work = _copy(obj) if mutate else obj
+    subject = build(work, policy, inventory, ctx)
+    elastic = kind in ELASTICITY_KINDS
+    if not elastic and not subject.gpu_pods:
+        return _untouched(obj, kind, policy)  # no GPU asked: allowed untouched, empty patch
+
+    results: list[RuleResult] = []
+    denials: list[Finding] = []
+    warnings: list[str] = [short(n) for n in notes]
+    failed_closed = False
+
+    applied: list[str] = []
+    if mutate and not elastic:
+        for m in MUTATIONS:
+            if not policy.mutations.get(m.id, False):
+                continue
+            try:
+                changed = False
+                for pod in subject.pods:
+                    changed |= m.fn(subject, pod)
+            except Exception as exc:  # a bug in one mutation must not crash admission
+                outcome = _internal_error(m.id, exc, policy, denials, warnings)
+                results.append(RuleResult(m.id, "mutate", "error", outcome))
+                if policy.failure_mode == "open":
+                    work = obj  # never ship a half-applied mutation: fall back to the original
+                    subject = build(work, policy, inventory, ctx)
+                    applied.clear()
+                    break
+                failed_closed = True
+                continue
+            if changed:
+                applied.append(m.id)
+                results.append(RuleResult(m.id, "mutate", "applied"))
+
+    for rule in RULES:
+        if elastic and not rule.elasticity:
+            continue
+        action = _cap(policy.rules.get(rule.id, "enforce"), mode)
+        if action == "off":
+            results.append(RuleResult(rule.id, action, "skip"))
+            continue
+        try:
+            violations = rule.fn(subject)
+        except Exception as exc:
+            outcome = _internal_error(rule.id, exc, policy, denials, warnings)
+            results.append(RuleResult(rule.id, action, "error", outcome))
+            failed_closed = failed_closed or policy.failure_mode == "closed"
+            continue
+        if not violations:
+            results.append(RuleResult(rule.id, action, "pass"))
+            continue
+        v = violations[0]
+        if action == "enforce":
+            message = f"{rule.id}: {v.found}. Fix: {v.fix}"
+            denials.append(Finding(rule.id, " ".join(message.split())))
+            results.append(RuleResult(rule.id, action, "deny", message))
+        else:
+            message = f"{rule.id}: {v.found}"
+            if action == "warn":
+                warnings.append(short(message))
+            results.append(RuleResult(rule.id, action, action, message))
+
+    if inventory.warnings and any(r.outcome in ("deny", "warn") and "rack" in r.rule for r in results):
+        warnings.append(short(inventory.warnings[0]))
+    patch = tuple(diff(obj, work)) if mutate and work is not obj else ()
+    allowed = not denials and not failed_closed
+    return Review(
+        kind=kind,
+        workload=subject.workload,
+        allowed=allowed,
+        denials=tuple(denials),
+        warnings=tuple(dict.fromkeys(warnings)),
+        mutations=tuple(applied),
+        patch=patch,
+        object=work,
+        results=tuple(results),
+        policy_hash=policy.hash,
+    )
+
+
+def _internal_error(rule_id: str, exc: Exception, policy: Policy, denials: list[Finding], warnings: list[str]) -> str:
+    what = f"{rule_id}: internal error ({type(exc).__name__})"
+    if policy.failure_mode == "closed":
+        message = f"{what}; failing closed per policy. Fix: report this object to the platform team"
+        denials.append(Finding(rule_id, message))
+    else:
+        message = f"{what}; allowed (failing open per policy)"
+        warnings.append(short(message))
+    return message

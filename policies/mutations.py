@@ -1,0 +1,462 @@
+"""Mutations (spec §5): small functions in a registry, each adding to a pod template what the checklist asks.
+
+Every mutation only ADDS (never overwrites what the user set), is idempotent (it checks for its own earlier
+output before adding), and edits the working copy in place; the patch is the diff afterwards. Each returns
+True when it changed something.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from policies.inventory import SHARED_STRATEGIES, GpuNode, Offer
+from policies.resources import GPU
+from policies.subject import OWN_JOB_LABEL, Pod, Subject
+from policies.topology import HOSTNAME, ZONE
+from policies.workloads import Json
+
+MutationFn = Callable[[Subject, Pod], bool]
+
+WHOLE_CARD_EXPRESSIONS: tuple[Json, ...] = (
+    {"key": "nvidia.com/mig.strategy", "operator": "DoesNotExist"},
+    {"key": "nvidia.com/gpu.sharing-strategy", "operator": "NotIn", "values": sorted(SHARED_STRATEGIES)},
+)
+NOT_SHARED_EXPRESSION: Json = {
+    "key": "nvidia.com/gpu.sharing-strategy",
+    "operator": "NotIn",
+    "values": sorted(SHARED_STRATEGIES),
+}
+# Labels controllers add per pod or per revision: never part of a replica-set-wide spread selector.
+_PER_POD_LABELS = frozenset(
+    {
+        "pod-template-hash",
+        "controller-revision-hash",
+        "statefulset.kubernetes.io/pod-name",
+        "apps.kubernetes.io/pod-index",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    fn: MutationFn
+    doc: str
+
+
+def child(parent: Any, key: str, factory: type = dict) -> Any:
+    """parent[key], created when missing or null; None when it holds something of another type."""
+    if not isinstance(parent, dict):
+        return None
+    value = parent.get(key)
+    if value is None:
+        value = factory()
+        parent[key] = value
+    return value if isinstance(value, factory) else None
+
+
+def _path(parent: Any, *keys: str, leaf: type = dict) -> Any:
+    cur = parent
+    for i, key in enumerate(keys):
+        cur = child(cur, key, leaf if i == len(keys) - 1 else dict)
+        if cur is None:
+            return None
+    return cur
+
+
+def add_node_expressions(pod: Json, exprs: tuple[Json, ...] | list[Json]) -> bool:
+    """AND the expressions into every required nodeSelectorTerm (creating one term when there are none)."""
+    spec = child(pod, "spec")
+    terms = _path(
+        spec,
+        "affinity",
+        "nodeAffinity",
+        "requiredDuringSchedulingIgnoredDuringExecution",
+        "nodeSelectorTerms",
+        leaf=list,
+    )
+    if terms is None:
+        return False
+    if not terms:
+        terms.append({"matchExpressions": [dict(e) for e in exprs]})
+        return True
+    changed = False
+    for term in terms:
+        if not isinstance(term, dict):
+            continue
+        existing = child(term, "matchExpressions", list)
+        if existing is None:
+            continue
+        for e in exprs:
+            if e not in existing:
+                existing.append(dict(e))
+                changed = True
+    return changed
+
+
+def _add_to_list(pod: Json, keys: tuple[str, ...], item: Json) -> bool:
+    target = _path(child(pod, "spec"), *keys, leaf=list)
+    if target is None or item in target:
+        return False
+    target.append(item)
+    return True
+
+
+# --- the mutations -------------------------------------------------------------------------------------
+
+
+def gpu_slice(s: Subject, p: Pod) -> bool:
+    """gpu-slice: a container asking for exactly one `nvidia.com/gpu` in a pod annotated with
+    `gpu-admission.io/gpu-memory` gets the smallest GPU slice that covers the ask (MIG mixed resource,
+    a single-strategy or time-sliced node's `nvidia.com/gpu`, or a whole card), with node affinity to the
+    nodes that have it."""
+    ask = p.keys.gpu_memory
+    if ask is None or s.inventory.empty:
+        return False
+    online = p.workload == "inference" and p.latency == "online"
+    best = choose_slice(s.inventory.candidates(p.pod), ask, allow_shared=not online)
+    if best is None:
+        return False
+    offer, nodes = best
+    eligible = False
+    for c in _containers(p.pod):
+        res = c.get("resources")
+        limits = _limits(c)
+        if [k for k in limits if isinstance(k, str) and k.startswith("nvidia.com/")] != [GPU]:
+            continue
+        if str(limits[GPU]) != "1" or not isinstance(res, dict):
+            continue
+        eligible = True
+        if offer.resource != GPU:
+            for key in ("limits", "requests"):
+                section = res.get(key)
+                if isinstance(section, dict) and GPU in section:
+                    section[offer.resource] = section.pop(GPU)
+    if not eligible:
+        return False
+    added = add_node_expressions(p.pod, [_select_nodes(nodes)])
+    return added or offer.resource != GPU
+
+
+def choose_slice(nodes: list[GpuNode], ask: int, allow_shared: bool) -> tuple[Offer, list[GpuNode]] | None:
+    """Best fit: the smallest memory covering the ask, then fewest compute slices, then most units.
+    A time-sliced unit counts for its fair share of the card (memory / replicas): sharers have no memory
+    isolation, so promising more would be a lie."""
+    best: tuple[tuple[int, int, int, str], Offer] | None = None
+    for node in nodes:
+        for o in node.offers:
+            if o.kind == "shared" and not allow_shared:
+                continue
+            mem = o.memory_bytes
+            if o.kind == "shared" and o.resource in (GPU, "nvidia.com/gpu.shared"):
+                mem = node.memory_bytes // max(int(node.labels.get("nvidia.com/gpu.replicas", "1") or 1), 1)
+            if mem < ask:
+                continue
+            key = (mem, o.compute or 99, -o.count, o.resource)
+            if best is None or key < best[0]:
+                best = (key, o)
+    if best is None:
+        return None
+    chosen = best[1]
+    same = [n for n in nodes if any(_same_offer(o, chosen) for o in n.offers)]
+    return chosen, same
+
+
+def _same_offer(a: Offer, b: Offer) -> bool:
+    return (a.resource, a.kind, a.memory_bytes, a.profile) == (b.resource, b.kind, b.memory_bytes, b.profile)
+
+
+def _select_nodes(nodes: list[GpuNode]) -> Json:
+    products = sorted({n.product for n in nodes})
+    if all(products):
+        return {"key": "nvidia.com/gpu.product", "operator": "In", "values": products}
+    return {"key": HOSTNAME, "operator": "In", "values": sorted(n.name for n in nodes)}
+
+
+def _containers(pod: Json) -> list[Json]:
+    spec = pod.get("spec")
+    out: list[Json] = []
+    if isinstance(spec, dict):
+        for key in ("initContainers", "containers"):
+            items = spec.get(key)
+            if isinstance(items, list):
+                out.extend(c for c in items if isinstance(c, dict))
+    return out
+
+
+def _limits(c: Json) -> Json:
+    res = c.get("resources")
+    limits = res.get("limits") if isinstance(res, dict) else None
+    return limits if isinstance(limits, dict) else {}
+
+
+def training_pool(s: Subject, p: Pod) -> bool:
+    """training-pool: training that asks for whole GPUs gets required node affinity to whole-card GPU nodes
+    (not MIG, not time-sliced/MPS), or to the policy's training pool (checklist 1: pin training pods)."""
+    if p.workload != "training" or p.keys.gpu_memory is not None or GPU not in p.ask.resource_names():
+        return False
+    pool = s.policy.pool(s.policy.training_pool) if s.policy.training_pool else None
+    if pool is not None:
+        exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(pool.node_selector.items())]
+        return add_node_expressions(p.pod, exprs)
+    return add_node_expressions(p.pod, WHOLE_CARD_EXPRESSIONS)
+
+
+def online_exclusive(s: Subject, p: Pod) -> bool:
+    """online-exclusive: online inference on whole GPUs gets node affinity away from time-sliced and MPS
+    nodes (checklist 3: time-slicing only for latency-insensitive work)."""
+    if p.workload != "inference" or p.latency != "online" or GPU not in p.ask.resource_names():
+        return False
+    cands = s.inventory.candidates(p.pod)
+    if cands and all(n.shared for n in cands if n.offer(GPU)) and any(n.offer(GPU) for n in cands):
+        return False  # pinned to shared nodes on purpose: online-no-timeslice explains, we don't strand it
+    return add_node_expressions(p.pod, [NOT_SHARED_EXPRESSION])
+
+
+def training_rack(s: Subject, p: Pod) -> bool:
+    """training-rack: pods of a multi-pod training job get required podAffinity on the job-identity label
+    with topologyKey = the rack label (checklist 1 and 4: same rack, never across switches by accident)."""
+    if p.workload != "training" or not s.job.multi_pod or not s.inventory.rack_label:
+        return False
+    if not p.ask.asks_gpu or s.job.key is None or s.job.value is None or has_rack_constraint(s, p):
+        return False
+    changed = _ensure_job_label(s, p)
+    term = {
+        "labelSelector": {"matchLabels": {s.job.key: s.job.value}},
+        "topologyKey": s.inventory.rack_label,
+    }
+    return (
+        _add_to_list(p.pod, ("affinity", "podAffinity", "requiredDuringSchedulingIgnoredDuringExecution"), term)
+        or changed
+    )
+
+
+def training_node_pack(s: Subject, p: Pod) -> bool:
+    """training-node-pack: a multi-pod training job that fits on one node prefers one node
+    (podAffinity weight 100 on kubernetes.io/hostname): NVLink beats any network."""
+    if p.workload != "training" or not s.job.multi_pod or s.job.key is None or s.job.value is None:
+        return False
+    if not p.ask.asks_gpu or s.inventory.empty or s.job.gpus > s.inventory.max_whole_gpus or s.job.gpus == 0:
+        return False
+    changed = _ensure_job_label(s, p)
+    term = {
+        "weight": 100,
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": {s.job.key: s.job.value}},
+            "topologyKey": HOSTNAME,
+        },
+    }
+    return (
+        _add_to_list(p.pod, ("affinity", "podAffinity", "preferredDuringSchedulingIgnoredDuringExecution"), term)
+        or changed
+    )
+
+
+def _ensure_job_label(s: Subject, p: Pod) -> bool:
+    """Kinds whose controller sets no job label get ours on the template, so the affinity selector matches."""
+    if s.kind == "Pod" or s.job.key != OWN_JOB_LABEL or s.job.value is None:
+        return False
+    labels = _path(p.pod, "metadata", "labels")
+    if not isinstance(labels, dict) or labels.get(OWN_JOB_LABEL) == s.job.value:
+        return False
+    if OWN_JOB_LABEL in labels:
+        return False  # the user's own value wins; the selector would then not match: the rule reports it
+    labels[OWN_JOB_LABEL] = s.job.value
+    return True
+
+
+def inference_spread(s: Subject, p: Pod) -> bool:
+    """inference-spread: inference replicas get topologySpreadConstraints across nodes (and zones when GPU
+    nodes carry zones), maxSkew 1 (checklist 2: elastic inference survives the loss of a node)."""
+    if p.workload != "inference" or not p.ask.asks_gpu:
+        return False
+    selector = _replica_selector(s, p)
+    if not selector:
+        return False
+    keys = [HOSTNAME] + ([ZONE] if s.policy.spread_zones and s.inventory.zones else [])
+    spec = child(p.pod, "spec")
+    constraints = child(spec, "topologySpreadConstraints", list)
+    if constraints is None:
+        return False
+    taken = {c.get("topologyKey") for c in constraints if isinstance(c, dict)}
+    changed = False
+    for key in keys:
+        if key in taken:
+            continue  # the user's own constraint on this key wins
+        constraints.append(
+            {
+                "maxSkew": 1,
+                "topologyKey": key,
+                "whenUnsatisfiable": s.policy.spread_when_unsatisfiable,
+                "labelSelector": selector,
+            }
+        )
+        changed = True
+    return changed
+
+
+def _replica_selector(s: Subject, p: Pod) -> Json | None:
+    if s.kind in ("Deployment", "StatefulSet", "ReplicaSet"):
+        sel = s.obj.get("spec", {}).get("selector") if isinstance(s.obj.get("spec"), dict) else None
+        if isinstance(sel, dict) and (sel.get("matchLabels") or sel.get("matchExpressions")):
+            return {k: v for k, v in sel.items() if k in ("matchLabels", "matchExpressions")}
+        return None
+    if s.kind == "LeaderWorkerSet":
+        return {"matchLabels": {"leaderworkerset.sigs.k8s.io/name": s.name}} if s.name else None
+    if s.kind == "Pod":
+        meta = p.pod.get("metadata")
+        owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
+        labels = {k: v for k, v in p.labels().items() if k not in _PER_POD_LABELS and isinstance(v, str)}
+        if owners and labels:
+            return {"matchLabels": labels}
+        return None
+    labels = {k: v for k, v in p.labels().items() if k not in _PER_POD_LABELS and isinstance(v, str)}
+    return {"matchLabels": labels} if labels else None
+
+
+def gpu_toleration(s: Subject, p: Pod) -> bool:
+    """gpu-toleration: GPU pods get the tolerations for the taints the policy says GPU nodes carry."""
+    if not s.policy.tolerations or not p.ask.asks_gpu:
+        return False
+    changed = False
+    for t in s.policy.tolerations:
+        changed |= _add_to_list(p.pod, ("tolerations",), t.as_json())
+    return changed
+
+
+def scheduler_queue(s: Subject, p: Pod) -> bool:
+    """scheduler-queue: training gets the policy's default schedulerName, queue label and priorityClassName
+    (checklist 2: training is queued and prioritised, never crudely scaled)."""
+    if p.workload != "training" or not p.ask.asks_gpu:
+        return False
+    pol = s.policy
+    spec = child(p.pod, "spec")
+    if spec is None:
+        return False
+    changed = False
+    # The API server defaults schedulerName before webhooks run: "default-scheduler" means "not chosen".
+    if pol.scheduler_name and spec.get("schedulerName") in (None, "", "default-scheduler"):
+        spec["schedulerName"] = pol.scheduler_name
+        changed = True
+    if pol.queue_system and not has_queue(s, p):
+        changed |= _add_queue(s, p)
+    # A bare Pod's priority is resolved by the Priority admission plugin before webhooks run: adding the
+    # class afterwards would leave spec.priority wrong, so only templates get it.
+    if pol.priority_class and s.kind != "Pod" and not spec.get("priorityClassName"):
+        spec["priorityClassName"] = pol.priority_class
+        changed = True
+    return changed
+
+
+QUEUE_LABELS = ("kueue.x-k8s.io/queue-name", "kai.scheduler/queue", "volcano.sh/queue-name")
+QUEUE_ANNOTATIONS = ("scheduling.volcano.sh/queue-name", "volcano.sh/queue-name")
+
+
+def has_queue(s: Subject, p: Pod) -> bool:
+    from policies.subject import meta_map
+
+    for src in (s.obj, p.pod):
+        if any(k in meta_map(src, "labels") for k in QUEUE_LABELS):
+            return True
+        if any(k in meta_map(src, "annotations") for k in QUEUE_ANNOTATIONS):
+            return True
+    spec = s.obj.get("spec")
+    return s.kind == "VolcanoJob" and isinstance(spec, dict) and bool(spec.get("queue"))
+
+
+def _add_queue(s: Subject, p: Pod) -> bool:
+    pol = s.policy
+    if pol.queue_system == "kueue":
+        # Kueue reads the queue from the workload object's labels (the pod's, for plain pods).
+        labels = _path(s.obj, "metadata", "labels")
+        if isinstance(labels, dict):
+            labels["kueue.x-k8s.io/queue-name"] = pol.queue_name
+            return True
+        return False
+    if pol.queue_system == "kai":
+        done = False
+        for target in {id(s.obj): s.obj, id(p.pod): p.pod}.values():
+            labels = _path(target, "metadata", "labels")
+            if isinstance(labels, dict):
+                labels["kai.scheduler/queue"] = pol.queue_name
+                done = True
+        return done
+    if s.kind == "VolcanoJob":
+        spec = child(s.obj, "spec")
+        if isinstance(spec, dict) and not spec.get("queue"):
+            spec["queue"] = pol.queue_name
+            return True
+        return False
+    ann = _path(p.pod, "metadata", "annotations")
+    if isinstance(ann, dict):
+        ann["scheduling.volcano.sh/queue-name"] = pol.queue_name
+        return True
+    return False
+
+
+def has_rack_constraint(s: Subject, p: Pod) -> bool:
+    """A required topology at rack level or finer is already asked for, by affinity, node selection or a
+    topology-aware scheduler's annotation: adding training-rack on top would conflict."""
+    from policies.selectors import required_terms
+    from policies.subject import meta_map
+
+    fine = s.inventory.rack_or_finer
+    spec = p.spec
+    if isinstance(spec.get("nodeName"), str) and spec.get("nodeName"):
+        return True
+    sel = spec.get("nodeSelector")
+    if isinstance(sel, dict) and any(k in fine for k in sel):
+        return True
+    terms = required_terms(p.pod)
+    if terms and all(_pins_domain(t, fine) for t in terms):
+        return True
+    aff = spec.get("affinity")
+    pa = aff.get("podAffinity") if isinstance(aff, dict) else None
+    req = pa.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(pa, dict) else None
+    if isinstance(req, list) and any(isinstance(t, dict) and t.get("topologyKey") in fine for t in req):
+        return True
+    for src in (s.obj, p.pod):
+        ann = meta_map(src, "annotations")
+        if ann.get("kueue.x-k8s.io/podset-required-topology") in fine:
+            return True
+        if ann.get("kai.scheduler/topology-required-placement") in fine:
+            return True
+        if ann.get("volcano.sh/network-topology-mode") == "hard":
+            return True
+    vspec = s.obj.get("spec")
+    nt = vspec.get("networkTopology") if s.kind == "VolcanoJob" and isinstance(vspec, dict) else None
+    return isinstance(nt, dict) and nt.get("mode") == "hard"
+
+
+def _pins_domain(term: Any, fine: frozenset[str]) -> bool:
+    if not isinstance(term, dict):
+        return False
+    exprs = term.get("matchExpressions")
+    return isinstance(exprs, list) and any(
+        isinstance(e, dict)
+        and e.get("key") in fine
+        and e.get("operator") == "In"
+        and isinstance(e.get("values"), list)
+        and len(e["values"]) == 1
+        for e in exprs
+    )
+
+
+def _registry() -> tuple[Mutation, ...]:
+    fns: tuple[tuple[str, MutationFn], ...] = (
+        # Order matters: slices are chosen first, so the pool and exclusivity rules see the final resource.
+        ("gpu-slice", gpu_slice),
+        ("training-pool", training_pool),
+        ("online-exclusive", online_exclusive),
+        ("training-rack", training_rack),
+        ("training-node-pack", training_node_pack),
+        ("inference-spread", inference_spread),
+        ("gpu-toleration", gpu_toleration),
+        ("scheduler-queue", scheduler_queue),
+    )
+    return tuple(Mutation(mid, fn, (fn.__doc__ or "").strip()) for mid, fn in fns)
+
+
+MUTATIONS: tuple[Mutation, ...] = _registry()

@@ -1,0 +1,121 @@
+"""What GPU resources a pod asks for, read from its containers' limits and requests.
+
+Extended resources are whole integers set in `limits`; a request, if given, must equal the limit
+(gpu-resources.md §1). The summary keeps the raw facts (what was asked, what did not parse, where request and
+limit differ) and leaves judging them to the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.workloads import Json
+
+GPU = "nvidia.com/gpu"
+GPU_SHARED = "nvidia.com/gpu.shared"
+NVIDIA_PREFIX = "nvidia.com/"
+# HAMi's own resources are not device-plugin GPUs; they count as a GPU ask but not as whole cards.
+HAMI_RESOURCES = frozenset({"nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"})
+
+
+def is_gpu_resource(name: str) -> bool:
+    return name.startswith(NVIDIA_PREFIX)
+
+
+def is_shared(name: str) -> bool:
+    """A time-sliced / MPS resource advertised under a renamed name (renameByDefault: true)."""
+    return name.startswith(NVIDIA_PREFIX) and name.endswith(".shared")
+
+
+def is_mig(name: str) -> bool:
+    return name.startswith("nvidia.com/mig-")
+
+
+@dataclass(frozen=True)
+class ContainerAsk:
+    """The nvidia.com/* resources of one container (values from limits, else requests)."""
+
+    name: str
+    init: bool
+    index: int
+    amounts: Mapping[str, int]
+    unparsable: tuple[str, ...]
+    mismatched: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PodAsk:
+    containers: tuple[ContainerAsk, ...]
+    whole_gpus: int  # nvidia.com/gpu per pod: sum over containers, or the largest init container if larger
+
+    @property
+    def asks_gpu(self) -> bool:
+        return any(c.amounts or c.unparsable for c in self.containers)
+
+    def resource_names(self) -> set[str]:
+        return {name for c in self.containers for name in c.amounts}
+
+
+def parse_count(value: Any) -> int | None:
+    """An extended-resource amount: a whole, non-negative integer (as int or decimal string)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    return None
+
+
+def _resource_map(resources: Any, key: str) -> Mapping[str, Any]:
+    if not isinstance(resources, dict):
+        return {}
+    value = resources.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def container_ask(container: Json, init: bool, index: int) -> ContainerAsk:
+    res = container.get("resources")
+    limits = _resource_map(res, "limits")
+    requests = _resource_map(res, "requests")
+    amounts: dict[str, int] = {}
+    bad: list[str] = []
+    mismatched: list[str] = []
+    for name in {*limits, *requests}:
+        if not isinstance(name, str) or not is_gpu_resource(name):
+            continue
+        raw = limits[name] if name in limits else requests[name]
+        count = parse_count(raw)
+        if count is None:
+            bad.append(name)
+            continue
+        if name not in limits or (name in requests and parse_count(requests[name]) != count):
+            mismatched.append(name)
+        if count:
+            amounts[name] = count
+    cname = container.get("name")
+    return ContainerAsk(
+        name=cname if isinstance(cname, str) else f"#{index}",
+        init=init,
+        index=index,
+        amounts=amounts,
+        unparsable=tuple(sorted(bad)),
+        mismatched=tuple(sorted(mismatched)),
+    )
+
+
+def pod_ask(pod: Json) -> PodAsk:
+    spec = pod.get("spec")
+    out: list[ContainerAsk] = []
+    if isinstance(spec, dict):
+        for key, init in (("initContainers", True), ("containers", False)):
+            items = spec.get(key)
+            if isinstance(items, list):
+                out.extend(container_ask(c, init, i) for i, c in enumerate(items) if isinstance(c, dict))
+    app = sum(c.amounts.get(GPU, 0) for c in out if not c.init)
+    init_max = max((c.amounts.get(GPU, 0) for c in out if c.init), default=0)
+    return PodAsk(containers=tuple(out), whole_gpus=max(app, init_max))

@@ -1,0 +1,380 @@
+"""Validation rules (spec §6): the AI-scheduling checklist as small functions in a registry.
+
+Each rule reads the subject AFTER mutation and returns its violations: what was found and how to fix it.
+The engine turns them into deny / warn / audit according to the policy and the namespace's enforcement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from policies import comm
+from policies.classify import classify
+from policies.inventory import GpuNode
+from policies.mutations import has_queue, has_rack_constraint
+from policies.quantity import format_bytes
+from policies.resources import GPU, is_mig, is_shared, pod_ask
+from policies.subject import Pod, Subject, meta_map
+from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, effective_kind, templates
+
+
+@dataclass(frozen=True)
+class Violation:
+    found: str
+    fix: str
+
+
+RuleFn = Callable[[Subject], list[Violation]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    fn: RuleFn
+    doc: str
+    elasticity: bool = False  # evaluated for HPA / ScaledObject objects rather than pod templates
+
+
+def _training_pods(s: Subject) -> list[Pod]:
+    return [p for p in s.gpu_pods if p.workload == "training"]
+
+
+def _penalty(s: Subject) -> str:
+    per_node = s.inventory.max_whole_gpus or 8
+    c = s.policy.comm
+    bw = comm.Bandwidths(
+        nvlink_gbps=c.nvlink_gbps,
+        network_gbps=c.network_gbps,
+        cross_rack_oversubscription=c.cross_rack_oversubscription,
+    )
+    gpus = max(s.job.gpus, 2)
+    try:
+        return comm.penalty_phrase(comm.placement_estimate(c.message_bytes, gpus, per_node, bw))
+    except ValueError:
+        return ""
+
+
+def training_same_rack(s: Subject) -> list[Violation]:
+    """Checklist 1: pin training pods of one job to the same node or rack. Denies a multi-pod training job
+    that has, after mutation, no required constraint at rack level or finer."""
+    pods = _training_pods(s)
+    if not pods or not s.job.multi_pod:
+        return []
+    missing = [p for p in pods if not has_rack_constraint(s, p)]
+    if not missing:
+        return []
+    roles = ", ".join(sorted({p.template.role for p in missing}))
+    size = f"{s.job.gpus} GPUs" if s.job.gpus else "multi-pod"
+    penalty = _penalty(s)
+    why = f"; {penalty}" if penalty else ""
+    if not s.inventory.rack_label:
+        found = f"{size} training job with no same-rack constraint ({roles}) and no rack label on GPU nodes"
+        return [Violation(found, "set topology.rack in the policy or label GPU nodes with their rack")]
+    if s.job.key is None:
+        found = f"{size} training job ({roles}) has no job identity, so no same-rack affinity could be added{why}"
+        fix = (
+            f"give the pods a job label (e.g. gpu-admission.io/job) or a required podAffinity with "
+            f"topologyKey {s.inventory.rack_label}"
+        )
+        return [Violation(found, fix)]
+    found = f"{size} training job ({roles}) may be spread across racks{why}"
+    fix = (
+        f"add required podAffinity with topologyKey {s.inventory.rack_label}, Kueue podset-required-topology, "
+        f"or enable the training-rack mutation"
+    )
+    return [Violation(found, fix)]
+
+
+def training_topology_scheduler(s: Subject) -> list[Violation]:
+    """Checklist 4: 8+ GPU multi-node training uses a topology-aware scheduler. Flags a job of more GPUs
+    than one node holds that is not handled by Volcano, Kueue TAS or KAI."""
+    pods = _training_pods(s)
+    if not pods or s.inventory.empty or s.inventory.max_whole_gpus == 0:
+        return []
+    if s.job.gpus <= s.inventory.max_whole_gpus:
+        return []
+    for p in pods:
+        if p.spec.get("schedulerName") in s.policy.topology_schedulers:
+            continue
+        anns = {**meta_map(s.obj, "annotations"), **p.annotations()}
+        if any(k.startswith(("kueue.x-k8s.io/podset-", "kai.scheduler/topology")) for k in anns):
+            continue
+        if s.kind == "VolcanoJob" or anns.get("volcano.sh/network-topology-mode"):
+            continue
+        found = (
+            f"{s.job.gpus}-GPU job spans nodes (largest has {s.inventory.max_whole_gpus}) without a "
+            f"topology-aware scheduler"
+        )
+        return [Violation(found, "use Volcano, Kueue topology-aware scheduling or KAI (schedulerName/annotations)")]
+    return []
+
+
+def _elastic_signal(s: Subject) -> str | None:
+    spec = s.obj.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    if s.kind == "PyTorchJob":
+        ep = spec.get("elasticPolicy")
+        if isinstance(ep, dict):
+            lo, hi = ep.get("minReplicas"), ep.get("maxReplicas")
+            if isinstance(lo, int) and isinstance(hi, int) and lo < hi:
+                return f"elasticPolicy minReplicas {lo} < maxReplicas {hi}"
+    for src in (s.obj, *(p.pod for p in s.pods)):
+        for section in ("labels", "annotations"):
+            if meta_map(src, section).get("kueue.x-k8s.io/elastic-job") == "true":
+                return "kueue.x-k8s.io/elastic-job is true"
+    for p in s.pods:
+        for c in _all_containers(p.pod):
+            env = c.get("env")
+            for e in env if isinstance(env, list) else []:
+                if isinstance(e, dict) and e.get("name") == "PET_NNODES" and isinstance(e.get("value"), str):
+                    lo_s, _, hi_s = e["value"].partition(":")
+                    if lo_s.isdigit() and hi_s.isdigit() and int(lo_s) < int(hi_s):
+                        return f"PET_NNODES={e['value']} lets the job shrink"
+    if s.kind == "VolcanoJob":
+        total = sum(p.template.replicas for p in s.pods)
+        ma = spec.get("minAvailable")
+        if isinstance(ma, int) and not isinstance(ma, bool) and ma < total:
+            return f"minAvailable {ma} < {total} replicas"
+    return None
+
+
+def _all_containers(pod: Json) -> list[Json]:
+    spec = pod.get("spec")
+    out: list[Json] = []
+    if isinstance(spec, dict):
+        for key in ("initContainers", "containers"):
+            items = spec.get(key)
+            if isinstance(items, list):
+                out.extend(c for c in items if isinstance(c, dict))
+    return out
+
+
+def training_elastic_shrink(s: Subject) -> list[Violation]:
+    """Checklist 2: training is never shrunk mid-run. Denies elastic training (PyTorchJob elasticPolicy,
+    PET_NNODES range, Kueue elastic-job, Volcano minAvailable < replicas) and HPA/KEDA on training."""
+    if s.kind in ("HorizontalPodAutoscaler", "ScaledObject"):
+        target, tkind, tname = _target(s)
+        cls = None
+        if target is not None:
+            cls = _target_class(target)
+        elif tkind in (*KUBEFLOW_REPLICA_SPECS, "JobSet", "RayJob"):
+            cls = "training"
+        if cls == "training":
+            return [
+                Violation(
+                    f"{s.kind} scales training workload {tkind} {tname}; shrinking training restarts it "
+                    f"from a checkpoint",
+                    "queue and prioritise training instead of autoscaling it",
+                )
+            ]
+        return []
+    if not _training_pods(s):
+        return []
+    signal = _elastic_signal(s)
+    if signal:
+        return [
+            Violation(
+                f"elastic training: {signal}; a shrink restarts the job from its last checkpoint",
+                "fix the replica count (min = max) and use a queue with priority for fragments",
+            )
+        ]
+    return []
+
+
+def training_queue_priority(s: Subject) -> list[Violation]:
+    """Checklist 2: training is queued and prioritised. Flags training with neither a queue label nor a
+    priorityClassName."""
+    pods = _training_pods(s)
+    if not pods:
+        return []
+    for p in pods:
+        if not has_queue(s, p) and not p.spec.get("priorityClassName"):
+            return [
+                Violation(
+                    "training has neither a queue label nor a priorityClassName",
+                    "add kueue.x-k8s.io/queue-name (or Volcano/KAI queue) or a priorityClassName",
+                )
+            ]
+    return []
+
+
+def _pinned_shared(s: Subject, p: Pod) -> bool:
+    """Plain `nvidia.com/gpu` is shared when every node the pod may land on that offers it is time-sliced
+    or MPS (by selector or because those are the only GPU nodes)."""
+    nodes: list[GpuNode] = [n for n in s.inventory.candidates(p.pod) if n.offer(GPU)]
+    return bool(nodes) and all(n.shared for n in nodes)
+
+
+def shared_gpu_single(s: Subject) -> list[Violation]:
+    """Checklist 3: a time-sliced / MPS GPU is one share; asking for more gives no extra GPU (or fails late
+    at the kubelet with UnexpectedAdmissionError). Denies more than one unit of a shared resource."""
+    out = []
+    for p in s.gpu_pods:
+        for c in p.ask.containers:
+            for name, n in c.amounts.items():
+                if n > 1 and (is_shared(name) or (name == GPU and _pinned_shared(s, p))):
+                    out.append(
+                        Violation(
+                            f"container {c.name} asks {n} x {name} on time-sliced/MPS GPUs, which gives no extra GPU",
+                            f"ask for 1 {name}, or use whole GPUs",
+                        )
+                    )
+    return out[:1]
+
+
+def online_no_timeslice(s: Subject) -> list[Violation]:
+    """Checklist 3: time-slicing only for latency-insensitive work. Denies online inference on a
+    time-sliced or MPS GPU (by resource name or by pinning to such nodes)."""
+    for p in s.gpu_pods:
+        if p.workload != "inference" or p.latency != "online":
+            continue
+        names = p.ask.resource_names()
+        shared = sorted(n for n in names if is_shared(n))
+        if shared or (GPU in names and _pinned_shared(s, p)):
+            what = shared[0] if shared else "nvidia.com/gpu on time-sliced/MPS nodes"
+            return [
+                Violation(
+                    f"online inference asks {what}: sharers get no memory or fault isolation",
+                    "use whole GPUs or a MIG slice, or annotate gpu-admission.io/latency: offline",
+                )
+            ]
+    return []
+
+
+def inference_warm_pool(s: Subject) -> list[Violation]:
+    """Checklist 2: inference scales with a warm pool (cold starts take seconds to minutes). Denies an HPA
+    or KEDA ScaledObject for GPU inference whose minimum is below the warm pool."""
+    if s.kind not in ("HorizontalPodAutoscaler", "ScaledObject"):
+        return []
+    target, tkind, tname = _target(s)
+    if target is None or _target_class(target) != "inference":
+        return []
+    if not any(pod_ask(t.pod).asks_gpu for t in templates(target)):
+        return []
+    spec = s.obj.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    if s.kind == "HorizontalPodAutoscaler":
+        field, default = "minReplicas", 1
+    else:
+        field, default = "minReplicaCount", 0
+    value = spec.get(field, default)
+    minimum = value if isinstance(value, int) and not isinstance(value, bool) else default
+    if minimum < s.policy.warm_pool:
+        return [
+            Violation(
+                f"{s.kind} {field} {minimum} lets GPU inference {tkind} {tname} drop below the warm "
+                f"pool of {s.policy.warm_pool}",
+                f"set {field}: {s.policy.warm_pool} or more",
+            )
+        ]
+    return []
+
+
+def _target(s: Subject) -> tuple[Json | None, str, str]:
+    spec = s.obj.get("spec")
+    ref: Any = spec.get("scaleTargetRef") if isinstance(spec, dict) else None
+    ref = ref if isinstance(ref, dict) else {}
+    kind = ref.get("kind") if isinstance(ref.get("kind"), str) else ("Deployment" if s.kind == "ScaledObject" else "")
+    name = ref.get("name") if isinstance(ref.get("name"), str) else ""
+    resolve = s.ctx.resolve
+    target = resolve(str(kind), s.namespace, str(name)) if resolve and kind and name else None
+    return target, str(kind), str(name)
+
+
+def _target_class(target: Json) -> str | None:
+    from policies import userkeys
+
+    kind = effective_kind(target)
+    keys = userkeys.read(target)
+    return classify(kind, target, keys.workload)
+
+
+def gpu_request_fits(s: Subject) -> list[Violation]:
+    """Checklist 3 (slicing) and §1 of the GPU facts: a request the cluster can never satisfy is rejected
+    at apply time, not left Pending. Checks whole-GPU count, MIG profiles, memory asks, mixing, and
+    requests == limits."""
+    inv = s.inventory
+    for p in s.gpu_pods:
+        for c in p.ask.containers:
+            if c.unparsable:
+                return [
+                    Violation(
+                        f"container {c.name}: {c.unparsable[0]} is not a whole number",
+                        "GPU resources are whole integers, e.g. nvidia.com/gpu: 1",
+                    )
+                ]
+            if c.mismatched:
+                return [
+                    Violation(
+                        f"container {c.name}: {c.mismatched[0]} request differs from its limit",
+                        "set the GPU in limits (a request, if given, must equal the limit)",
+                    )
+                ]
+            names = set(c.amounts)
+            if GPU in names and any(is_mig(n) for n in names):
+                return [
+                    Violation(
+                        f"container {c.name} mixes whole GPUs and MIG slices",
+                        "ask for either nvidia.com/gpu or one nvidia.com/mig-* resource",
+                    )
+                ]
+        if inv.empty:
+            continue
+        whole = p.ask.whole_gpus
+        largest = max((o.count for n in inv.nodes for o in n.offers if o.resource == GPU), default=0)
+        if whole > largest:
+            return [
+                Violation(
+                    f"one pod asks {whole} nvidia.com/gpu but the largest GPU node has {largest}",
+                    "split the job into more pods (one node's worth each)",
+                )
+            ]
+        for name in sorted(p.ask.resource_names()):
+            if is_mig(name) and not inv.offering(name):
+                offered = sorted({o.resource for n in inv.nodes for o in n.offers if is_mig(o.resource)})
+                hint = f"; offered: {', '.join(offered[:4])}" if offered else ""
+                return [
+                    Violation(
+                        f"no GPU in the cluster offers {name}{hint}",
+                        "use gpu-admission.io/gpu-memory to get the matching slice",
+                    )
+                ]
+        ask = p.keys.gpu_memory
+        if ask is not None and ask > inv.max_memory_bytes:
+            return [
+                Violation(
+                    f"gpu-memory {format_bytes(ask)} is more than any GPU has ({format_bytes(inv.max_memory_bytes)})",
+                    "ask for less memory or whole GPUs",
+                )
+            ]
+    return []
+
+
+def gpu_admission_annotations(s: Subject) -> list[Violation]:
+    """Users asked for rejections rather than silently ignored annotations: denies an unknown
+    `gpu-admission.io/` key or a value that does not parse."""
+    errors = sorted({e for p in s.pods for e in p.keys.errors})
+    if errors:
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        return [Violation(errors[0] + more, "fix or remove the key (see docs/policy.md for the keys)")]
+    return []
+
+
+def _registry() -> tuple[Rule, ...]:
+    fns: tuple[tuple[str, RuleFn, bool], ...] = (
+        ("gpu-admission-annotations", gpu_admission_annotations, False),
+        ("gpu-request-fits", gpu_request_fits, False),
+        ("training-same-rack", training_same_rack, False),
+        ("training-topology-scheduler", training_topology_scheduler, False),
+        ("training-elastic-shrink", training_elastic_shrink, True),
+        ("training-queue-priority", training_queue_priority, False),
+        ("shared-gpu-single", shared_gpu_single, False),
+        ("online-no-timeslice", online_no_timeslice, False),
+        ("inference-warm-pool", inference_warm_pool, True),
+    )
+    return tuple(Rule(rid, fn, (fn.__doc__ or "").strip(), el) for rid, fn, el in fns)
+
+
+RULES: tuple[Rule, ...] = _registry()

@@ -1,0 +1,82 @@
+"""Evaluate a pod's node selection (nodeSelector + required node affinity) against node labels.
+
+Used to answer "which GPU nodes could this pod land on?" against the inventory, so a pod pinned to
+time-sliced nodes by a selector is recognised even when its resource name is plain `nvidia.com/gpu`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from policies.workloads import Json
+
+
+def _int(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key = expr.get("key")
+    op = expr.get("operator")
+    values = expr.get("values") or []
+    if not isinstance(key, str) or not isinstance(values, list):
+        return False
+    present = key in labels
+    value = labels.get(key, "")
+    if op == "In":
+        return present and value in values
+    if op == "NotIn":
+        return not present or value not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present and len(values) == 1 and isinstance(values[0], str):
+        have, want = _int(value), _int(values[0])
+        if have is None or want is None:
+            return False
+        return have > want if op == "Gt" else have < want
+    return False
+
+
+def term_matches(term: Any, labels: Mapping[str, str]) -> bool:
+    """A nodeSelectorTerm: its matchExpressions are ANDed (matchFields on metadata.name is honoured)."""
+    if not isinstance(term, dict):
+        return False
+    exprs = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not isinstance(exprs, list) or not isinstance(fields, list) or not (exprs or fields):
+        return False  # an empty term matches nothing (Kubernetes semantics)
+    if not all(isinstance(e, dict) and expression_matches(e, labels) for e in exprs):
+        return False
+    name_labels = {"metadata.name": labels.get("kubernetes.io/hostname", "")}
+    return all(isinstance(f, dict) and expression_matches(f, name_labels) for f in fields)
+
+
+def required_terms(pod: Json) -> list[Any] | None:
+    """The required nodeSelectorTerms, or None when the pod has none."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return None
+    terms: Any = spec.get("affinity")
+    for key in ("nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms"):
+        terms = terms.get(key) if isinstance(terms, dict) else None
+    return terms if isinstance(terms, list) else None
+
+
+def pod_matches_node(pod: Json, labels: Mapping[str, str], node_name: str = "") -> bool:
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return True
+    pinned = spec.get("nodeName")
+    if isinstance(pinned, str) and pinned and node_name and pinned != node_name:
+        return False
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict) and any(labels.get(k) != v for k, v in selector.items()):
+        return False
+    terms = required_terms(pod)
+    return terms is None or any(term_matches(t, labels) for t in terms)

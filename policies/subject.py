@@ -1,0 +1,157 @@
+"""What the engine knows about one object under review: its class, pod templates, job size and identity.
+
+Built once per review from the working copy; mutations edit the templates in place (they are the same
+dicts as in the working copy), and rules read the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies import userkeys
+from policies.classify import classify, default_latency
+from policies.document import Policy
+from policies.inventory import Inventory
+from policies.resources import PodAsk, pod_ask
+from policies.workloads import JOB_IDENTITY_LABEL, POD_JOB_LABELS, Json, Template, effective_kind, templates
+
+# The label the webhook puts on pod templates of kinds whose controller sets no job label of its own.
+OWN_JOB_LABEL = "gpu-admission.io/job"
+# Pods of these controllers form one distributed job (gpu-resources.md §6).
+_DISTRIBUTED_POD_LABELS = (
+    "training.kubeflow.org/job-name",
+    "jobset.sigs.k8s.io/jobset-name",
+    "volcano.sh/job-name",
+    "batch.kubernetes.io/job-completion-index",
+)
+
+Resolver = Callable[[str, str, str], Json | None]  # (kind, namespace, name) -> object or None
+
+
+@dataclass(frozen=True)
+class ReviewContext:
+    """What the caller knows beyond the object: the namespace's labels, and a lookup of related objects
+    (HPA / ScaledObject targets) — the same input set offline, a read-only cache when serving."""
+
+    namespace_labels: Mapping[str, str] | None = None
+    resolve: Resolver | None = None
+    operation: str = "CREATE"
+
+
+@dataclass
+class Pod:
+    """One pod template (or the pod itself) in the working copy."""
+
+    template: Template
+    keys: userkeys.UserKeys
+    workload: str | None
+    latency: str
+
+    @property
+    def pod(self) -> Json:
+        return self.template.pod
+
+    @property
+    def ask(self) -> PodAsk:
+        return pod_ask(self.template.pod)  # recomputed: gpu-slice may have renamed resources
+
+    @property
+    def spec(self) -> Json:
+        spec = self.template.pod.get("spec")
+        return spec if isinstance(spec, dict) else {}
+
+    def labels(self) -> Json:
+        return meta_map(self.template.pod, "labels")
+
+    def annotations(self) -> Json:
+        return meta_map(self.template.pod, "annotations")
+
+
+@dataclass(frozen=True)
+class Job:
+    """The job a training pod belongs to: identity label (key, value) if known, size in pods and GPUs."""
+
+    key: str | None
+    value: str | None
+    pods: int
+    gpus: int
+    multi_pod: bool
+
+
+@dataclass
+class Subject:
+    kind: str
+    obj: Json
+    name: str
+    namespace: str
+    pods: list[Pod]
+    job: Job
+    policy: Policy
+    inventory: Inventory
+    ctx: ReviewContext
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_pods(self) -> list[Pod]:
+        return [p for p in self.pods if p.ask.asks_gpu or p.keys.gpu_memory is not None]
+
+    @property
+    def workload(self) -> str | None:
+        classes = [p.workload for p in self.gpu_pods if p.workload] or [p.workload for p in self.pods if p.workload]
+        return classes[0] if classes else None
+
+    def describe(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {where or '(unnamed)'}"
+
+
+def meta_map(obj: Any, key: str) -> Json:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def meta_str(obj: Json, key: str) -> str:
+    meta = obj.get("metadata")
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def build(obj: Json, policy: Policy, inventory: Inventory, ctx: ReviewContext) -> Subject:
+    kind = effective_kind(obj)
+    obj_keys = userkeys.read(obj, where=(kind,)) if kind != "Pod" else userkeys.UserKeys()
+    pods: list[Pod] = []
+    for tpl in templates(obj):
+        if tpl.path:
+            keys = userkeys.read(obj, tpl.pod, where=(kind, f"pod template {tpl.role}"))
+        else:
+            keys = userkeys.read(obj, where=("Pod",))
+        workload = classify(kind, obj if kind != "Pod" else tpl.pod, keys.workload)
+        latency = keys.latency or default_latency(workload)
+        pods.append(Pod(tpl, keys, workload, latency))
+    name = meta_str(obj, "name")
+    namespace = meta_str(obj, "namespace")
+    job = _job(kind, obj, name, pods, obj_keys)
+    return Subject(kind, obj, name, namespace, pods, job, policy, inventory, ctx)
+
+
+def _job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkeys.UserKeys) -> Job:
+    gpu_pods = [p for p in pods if p.ask.asks_gpu]
+    job_gpus = next((p.keys.job_gpus for p in pods if p.keys.job_gpus), None) or obj_keys.job_gpus
+    if kind == "Pod":
+        pod = pods[0] if pods else None
+        labels = pod.labels() if pod else {}
+        key = next((k for k in (OWN_JOB_LABEL, *POD_JOB_LABELS) if isinstance(labels.get(k), str)), None)
+        per_pod = pod.ask.whole_gpus if pod else 0
+        distributed = any(k in labels for k in _DISTRIBUTED_POD_LABELS)
+        multi = (job_gpus is not None and job_gpus > per_pod) or distributed
+        return Job(key, labels.get(key) if key else None, 2 if multi else 1, job_gpus or per_pod, multi)
+    total_pods = sum(p.template.replicas for p in gpu_pods)
+    total_gpus = sum(p.template.replicas * p.ask.whole_gpus for p in gpu_pods)
+    key = JOB_IDENTITY_LABEL.get(kind) or OWN_JOB_LABEL
+    value = name or None
+    if kind == "CronJob":
+        value = name or None
+    return Job(key if value else None, value, total_pods, job_gpus or total_gpus, total_pods > 1)

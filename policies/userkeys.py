@@ -1,0 +1,110 @@
+"""The `gpu-admission.io/` labels and annotations users write (spec §2), parsed strictly.
+
+A value that does not parse, or an unknown key under our prefix, is an error reported by the
+`gpu-admission-annotations` rule: users asked for a rejection rather than a silently ignored typo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.quantity import QuantityError, format_bytes, parse_bytes
+
+PREFIX = "gpu-admission.io/"
+WORKLOAD = PREFIX + "workload"
+GPU_MEMORY = PREFIX + "gpu-memory"
+LATENCY = PREFIX + "latency"
+JOB_GPUS = PREFIX + "job-gpus"
+ENFORCEMENT = PREFIX + "enforcement"
+
+CLASSES = ("training", "inference", "batch")
+LATENCIES = ("online", "offline")
+LABEL_KEYS = frozenset({WORKLOAD})
+ANNOTATION_KEYS = frozenset({GPU_MEMORY, LATENCY, JOB_GPUS})
+
+
+@dataclass(frozen=True)
+class UserKeys:
+    workload: str | None = None
+    gpu_memory: int | None = None  # bytes
+    latency: str | None = None
+    job_gpus: int | None = None
+    errors: tuple[str, ...] = ()
+
+
+def _meta(obj: Any, key: str) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def read(*objects: Any, where: tuple[str, ...] = ()) -> UserKeys:
+    """Parse our keys from the metadata of each object in turn; later objects (pod templates) win.
+    `where` names each object for error messages (e.g. "Job", "template worker")."""
+    values: dict[str, Any] = {}
+    errors: list[str] = []
+    for i, obj in enumerate(objects):
+        place = f" on {where[i]}" if i < len(where) and where[i] else ""
+        for kind, keys, other in (("label", LABEL_KEYS, ANNOTATION_KEYS), ("annotation", ANNOTATION_KEYS, LABEL_KEYS)):
+            for key, raw in _meta(obj, kind + "s").items():
+                if not isinstance(key, str) or not key.startswith(PREFIX):
+                    continue
+                if key not in keys:
+                    if key in other:
+                        hint = f"; it is {'an annotation' if kind == 'label' else 'a label'}, not a {kind}"
+                    elif key == ENFORCEMENT:
+                        hint = "; it is a Namespace label"
+                    else:
+                        hint = f"; known: {', '.join(sorted(LABEL_KEYS | ANNOTATION_KEYS))}"
+                    errors.append(f"unknown {kind} {key}{place}{hint}")
+                    continue
+                parsed, err = _parse(key, raw)
+                if err:
+                    errors.append(f"{kind} {key}={raw!r}{place}: {err}")
+                else:
+                    values[key] = parsed
+    return UserKeys(
+        workload=values.get(WORKLOAD),
+        gpu_memory=values.get(GPU_MEMORY),
+        latency=values.get(LATENCY),
+        job_gpus=values.get(JOB_GPUS),
+        errors=tuple(errors),
+    )
+
+
+def _parse(key: str, raw: Any) -> tuple[Any, str]:
+    if not isinstance(raw, str):
+        return None, "must be a string"
+    if key == WORKLOAD:
+        return (raw, "") if raw in CLASSES else (None, f"must be one of {', '.join(CLASSES)}")
+    if key == LATENCY:
+        return (raw, "") if raw in LATENCIES else (None, f"must be one of {', '.join(LATENCIES)}")
+    if key == JOB_GPUS:
+        if raw.isascii() and raw.isdigit() and int(raw) > 0:
+            return int(raw), ""
+        return None, "must be a positive whole number of GPUs"
+    if key == GPU_MEMORY:
+        try:
+            amount = parse_bytes(raw)
+        except QuantityError as exc:
+            return None, str(exc)
+        if amount <= 0:
+            return None, "must be a positive memory quantity such as 10Gi"
+        return amount, ""
+    return None, "unknown key"
+
+
+def describe_memory(amount: int) -> str:
+    return format_bytes(amount)
+
+
+def namespace_mode(labels: Mapping[str, str] | None, default: str) -> tuple[str, str | None]:
+    """The enforcement mode of a namespace and, when its label is invalid, a warning."""
+    if not labels or ENFORCEMENT not in labels:
+        return default, None
+    value = labels[ENFORCEMENT]
+    if value in ("enforce", "warn", "audit", "off"):
+        return value, None
+    return default, f"namespace label {ENFORCEMENT}={value!r} is invalid (enforce|warn|audit|off); using {default}"
