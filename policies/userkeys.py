@@ -6,6 +6,7 @@ A value that does not parse, or an unknown key under our prefix, is an error rep
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +58,9 @@ def read(*objects: Any, where: tuple[str, ...] = ()) -> UserKeys:
                     elif key == ENFORCEMENT:
                         hint = "; it is a Namespace label"
                     else:
-                        hint = f"; known: {', '.join(sorted(LABEL_KEYS | ANNOTATION_KEYS))}"
+                        close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.75)
+                        known = ", ".join(sorted(keys))
+                        hint = f" (did you mean {close[0]}?)" if close else f"; known {kind}s: {known}"
                     errors.append(f"unknown {kind} {key}{place}{hint}")
                     continue
                 parsed, err = _parse(key, raw)

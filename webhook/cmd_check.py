@@ -1,0 +1,136 @@
+"""`gpu-admission check`: run mutate-then-validate on manifests offline, as the API server would on CREATE."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+import yaml
+
+from policies import inventory as inventory_mod
+from policies.document import Policy, PolicyError, default_policy, parse_policy_text
+from policies.engine import Review, ReviewContext, review
+from webhook.cli import UsageError
+from webhook.manifests import ManifestError, load_objects
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "check",
+        help="run the webhook's decisions on manifests offline",
+        description="Mutate then validate every object, as the API server would on CREATE. "
+        "Exit 0 when all are allowed, 1 when any is denied, 2 on unreadable input or an invalid policy.",
+    )
+    p.add_argument("-f", "--filename", action="append", required=True, metavar="PATH",
+                   help="file, directory or - for stdin (repeatable)")  # fmt: skip
+    p.add_argument("--policy", metavar="FILE", help="policy document (default: the built-in policy)")
+    p.add_argument("--nodes", metavar="FILE", help="Nodes (kubectl get nodes -o yaml) to decide with")
+    p.add_argument("--no-mutate", action="store_true", help="validate the objects as given")
+    p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    p.set_defaults(func=run)
+
+
+def load_policy(path: str | None) -> Policy:
+    if not path:
+        return default_policy()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise UsageError(f"policy {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"policy {path}: not UTF-8 text") from None
+    try:
+        return parse_policy_text(text)
+    except PolicyError as exc:
+        raise UsageError(f"policy {path}: {exc}") from None
+
+
+def load_inventory(path: str | None, policy: Policy) -> inventory_mod.Inventory:
+    if not path:
+        return inventory_mod.build((), policy)
+    try:
+        nodes = load_objects([path])
+    except ManifestError as exc:
+        raise UsageError(f"nodes: {exc}") from None
+    not_nodes = [o for o in nodes if o.get("kind") != "Node"]
+    if not_nodes:
+        raise UsageError(f"nodes {path}: expected Node objects, found kind {not_nodes[0].get('kind')!r}")
+    return inventory_mod.build(nodes, policy)
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    meta = obj.get("metadata") or {}
+    return str(obj.get("kind", "")), str(meta.get("namespace") or "default"), str(meta.get("name", ""))
+
+
+def element(obj: dict[str, Any], r: Review) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "namespace": meta.get("namespace"),
+        "name": meta.get("name") or meta.get("generateName"),
+        "workload": r.workload,
+        "allowed": r.allowed,
+        "denials": [{"rule": d.rule, "message": d.message} for d in r.denials],
+        "warnings": list(r.warnings),
+        "mutations": list(r.mutations),
+        "patch": list(r.patch),
+        "object": r.object,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    inv = load_inventory(args.nodes, policy)
+    try:
+        objects = load_objects(args.filename)
+    except ManifestError as exc:
+        raise UsageError(str(exc)) from None
+    index = {_key(o): o for o in objects}
+    namespaces = {
+        str((o.get("metadata") or {}).get("name")): (o.get("metadata") or {}).get("labels") or {}
+        for o in objects
+        if o.get("kind") == "Namespace"
+    }
+
+    def resolve(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return index.get((kind, namespace or "default", name))
+
+    for w in inv.warnings:
+        print(f"gpu-admission: warning: {w}", file=sys.stderr)
+    out = []
+    for obj in objects:
+        ns = str((obj.get("metadata") or {}).get("namespace") or "default")
+        ctx = ReviewContext(namespace_labels=namespaces.get(ns), resolve=resolve)
+        r = review(obj, policy=policy, inventory=inv, ctx=ctx, mutate=not args.no_mutate)
+        el = element(obj, r)
+        if not r.handled and obj.get("kind") not in ("Namespace", "Node"):
+            el["warnings"] = [f"kind {obj.get('kind')} ({obj.get('apiVersion')}) is not handled by gpu-admission"]
+        out.append(el)
+    if args.output == "json":
+        sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+    elif args.output == "yaml":
+        yaml.safe_dump(out, sys.stdout, sort_keys=False)
+    else:
+        _print_text(out)
+    return 0 if all(e["allowed"] for e in out) else 1
+
+
+def _print_text(out: list[dict[str, Any]]) -> None:
+    for e in out:
+        where = f"{e['namespace']}/{e['name']}" if e["namespace"] else str(e["name"])
+        verdict = "ALLOW" if e["allowed"] else "DENY "
+        workload = e["workload"] or "-"
+        print(f"{verdict} {e['kind']} {where} [{workload}]")
+        for d in e["denials"]:
+            print(f"  deny     {d['message']}")
+        for w in e["warnings"]:
+            print(f"  warning  {w}")
+        if e["mutations"]:
+            print(f"  mutated  {', '.join(e['mutations'])} ({len(e['patch'])} patch ops)")
+    denied = sum(1 for e in out if not e["allowed"])
+    print(f"{len(out)} objects: {len(out) - denied} allowed, {denied} denied")

@@ -1,0 +1,70 @@
+"""`gpu-admission policy validate|default|diff`: check an edit offline, print the built-in policy, explain
+what an edit changes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from policies.document import PolicyError, default_policy_text, parse_policy_text
+from policies.policydiff import describe_changes
+from webhook.cli import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("policy", help="validate, print or compare policy documents")
+    psub = p.add_subparsers(dest="policy_command", metavar="SUBCOMMAND", required=True)
+    v = psub.add_parser("validate", help="check a policy file; every error names its field path")
+    v.add_argument("file", metavar="FILE", help="policy YAML, or - for stdin")
+    v.set_defaults(func=_validate)
+    d = psub.add_parser("default", help="print the built-in default policy")
+    d.set_defaults(func=_default)
+    df = psub.add_parser("diff", help="explain what changes from OLD to NEW")
+    df.add_argument("old", metavar="OLD")
+    df.add_argument("new", metavar="NEW")
+    df.set_defaults(func=_diff)
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text") from None
+
+
+def _validate(args: argparse.Namespace) -> int:
+    text = _read(args.file)
+    try:
+        policy = parse_policy_text(text)
+    except PolicyError as exc:
+        for err in exc.errors:
+            print(f"{args.file}: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: valid policy ({policy.hash})")
+    return 0
+
+
+def _default(args: argparse.Namespace) -> int:
+    sys.stdout.write(default_policy_text())
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    try:
+        old = parse_policy_text(_read(args.old))
+        new = parse_policy_text(_read(args.new))
+    except PolicyError as exc:
+        raise UsageError(str(exc)) from None
+    lines = describe_changes(old, new)
+    if not lines:
+        print("no change in behaviour")
+        return 0
+    for line in lines:
+        print(line)
+    return 0
