@@ -1,0 +1,363 @@
+"""The HTTP layer: parse the AdmissionReview, call the engine, serialise the answer. No decisions here.
+
+Every answer goes out before the API server's `?timeout=` (an internal deadline with a margin), malformed
+input gets a 400 with one line, and an overloaded server says so at once instead of queueing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from policies.document import PolicyError, parse_policy_text
+from policies.engine import Review, ReviewContext, review
+from webhook import admission
+from webhook.metrics import Metrics
+from webhook.state import POLICY_KEY, State
+
+log = logging.getLogger("gpu-admission.server")
+
+VERSION = "0.1.0"
+DEFAULT_TIMEOUT = 10.0  # the API server's default timeoutSeconds
+MAX_TIMEOUT = 30.0
+
+
+@dataclass
+class ServerConfig:
+    max_body: int = 8 * 2**20  # an object is at most ~3 MiB in etcd; object + oldObject fit well within
+    max_inflight: int = 64
+    deadline_margin: float = 0.25  # seconds kept back from the API server's timeout
+    policy_configmap: tuple[str, str] | None = None  # (namespace, name) validated by /validate
+    cert_status: Callable[[], dict[str, Any]] | None = None
+    extra_ready: Callable[[], tuple[bool, dict[str, Any]]] | None = None
+    draining: bool = False
+    inflight: int = field(default=0)
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str) -> Response:
+    return _json({"error": message}, status)
+
+
+def parse_timeout(raw: str | None) -> float:
+    """The API server's `?timeout=10s` (also accepts `500ms`, `1m`); the default when absent or odd."""
+    if not raw:
+        return DEFAULT_TIMEOUT
+    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0))
+    for suffix, scale in units:
+        if raw.endswith(suffix):
+            try:
+                value = float(raw[: -len(suffix)]) * scale
+            except ValueError:
+                return DEFAULT_TIMEOUT
+            return min(max(value, 0.05), MAX_TIMEOUT)
+    return DEFAULT_TIMEOUT
+
+
+def create_app(
+    state: State,
+    *,
+    metrics: Metrics | None = None,
+    audit: Any = None,
+    config: ServerConfig | None = None,
+) -> FastAPI:
+    cfg = config or ServerConfig()
+    m = metrics or Metrics()
+    pool = ThreadPoolExecutor(max_workers=cfg.max_inflight, thread_name_prefix="review")
+    app = FastAPI(title="gpu-admission", version=VERSION, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.config = cfg
+    app.state.metrics = m
+    app.state.gpu_state = state
+
+    async def read_body(request: Request) -> bytes | Response:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > cfg.max_body:
+            return _error(413, f"request body of {declared} bytes exceeds the {cfg.max_body}-byte limit")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cfg.max_body:
+                return _error(413, f"request body exceeds the {cfg.max_body}-byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def handle(request: Request, webhook: str) -> Response:
+        started = time.perf_counter()
+        body = await read_body(request)
+        if isinstance(body, Response):
+            m.inc("gpu_admission_bad_requests_total", (("reason", "too-large"),))
+            return body
+        try:
+            req = admission.parse(body)
+        except admission.BadRequest as exc:
+            m.inc("gpu_admission_bad_requests_total", (("reason", "malformed"),))
+            log.warning("bad admission request", extra={"webhook": webhook, "error": str(exc)})
+            return _error(400, str(exc))
+        if cfg.inflight >= cfg.max_inflight:
+            m.inc("gpu_admission_bad_requests_total", (("reason", "overloaded"),))
+            return _error(429, f"overloaded: {cfg.inflight} reviews in flight (limit {cfg.max_inflight})")
+        timeout = parse_timeout(request.query_params.get("timeout"))
+        deadline = max(timeout - cfg.deadline_margin, timeout * 0.5)
+        cfg.inflight += 1
+        try:
+            out, record = await decide(req, webhook, deadline)
+        finally:
+            cfg.inflight -= 1
+        elapsed = time.perf_counter() - started
+        resp = out["response"]
+        verdict = "deny" if not resp["allowed"] else ("warn" if resp.get("warnings") else "allow")
+        m.inc("gpu_admission_requests_total", (("webhook", webhook), ("verdict", verdict)))
+        m.observe(elapsed, (("webhook", webhook),))
+        if record is not None and audit is not None:
+            record["verdict"] = verdict
+            record["latencyMs"] = round(elapsed * 1000, 3)
+            audit.record(record)
+        return Response(orjson.dumps(out), media_type="application/json")
+
+    async def decide(req: admission.Request, webhook: str, deadline: float) -> tuple[dict[str, Any], Any]:
+        snap = state.snapshot()
+        policy = snap.policy
+        obj = req.object
+        if req.operation in ("DELETE", "CONNECT") or not isinstance(obj, dict):
+            return admission.response(req.uid, allowed=True), None
+        if webhook == "validate" and obj.get("kind") == "ConfigMap":
+            return _policy_configmap(req, obj), None
+        if obj.get("kind") == "Pod" and req.operation != "CREATE":
+            return admission.response(req.uid, allowed=True), None  # pod specs are immutable after create
+        ns = req.namespace or _meta(obj, "namespace")
+        ctx = ReviewContext(namespace_labels=snap.namespaces.get(ns), resolve=snap.resolve, operation=req.operation)
+
+        def run() -> Review:
+            return review(
+                obj,
+                policy=policy,
+                inventory=snap.inventory,
+                ctx=ctx,
+                mutate=webhook == "mutate",
+                validate=webhook == "validate",
+            )
+
+        loop = asyncio.get_running_loop()
+        try:
+            r = await asyncio.wait_for(loop.run_in_executor(pool, run), timeout=deadline)
+        except TimeoutError:
+            return _failure(req, webhook, policy.failure_mode, policy.hash, f"no decision within {deadline:.2f}s")
+        except Exception as exc:  # the engine never raises; if it ever does, the policy's failure mode decides
+            log.exception("review failed", extra={"uid": req.uid})
+            return _failure(req, webhook, policy.failure_mode, policy.hash, f"internal error ({type(exc).__name__})")
+        for res in r.results:
+            if res.outcome in ("deny", "warn", "audit", "error"):
+                m.inc("gpu_admission_rule_results_total", (("rule", res.rule), ("outcome", res.outcome)))
+            if res.outcome == "error":
+                log.error("rule failed", extra={"uid": req.uid, "rule": res.rule, "detail": res.message})
+        for mid in r.mutations:
+            m.inc("gpu_admission_mutations_total", (("mutation", mid),))
+        if webhook == "mutate":
+            allowed = r.allowed  # only an internal error failing closed denies at the mutating stage
+            out = admission.response(
+                req.uid,
+                allowed=allowed,
+                message=r.denial_message(),
+                patch=r.patch if allowed else (),
+                warnings=r.warnings if any(x.outcome == "error" for x in r.results) else (),
+                audit=_audit_annotations(r),
+            )
+        else:
+            out = admission.response(
+                req.uid,
+                allowed=r.allowed,
+                message=r.denial_message(),
+                warnings=r.warnings,
+                audit=_audit_annotations(r),
+            )
+        return out, _record(req, webhook, r)
+
+    def _failure(
+        req: admission.Request, webhook: str, mode: str, policy_hash: str, why: str
+    ) -> tuple[dict[str, Any], Any]:
+        m.inc("gpu_admission_rule_results_total", (("rule", "engine"), ("outcome", "error")))
+        log.error("failing " + mode, extra={"uid": req.uid, "webhook": webhook, "reason": why})
+        if mode == "closed":
+            out = admission.response(
+                req.uid,
+                allowed=False,
+                message=f"gpu-admission: {why}; failing closed per policy. Retry, or ask the platform team",
+                audit={"decision": "deny", "policy-hash": policy_hash, "error": why},
+            )
+        else:
+            out = admission.response(
+                req.uid,
+                allowed=True,
+                warnings=[f"gpu-admission: {why}; allowed unchecked (failing open per policy)"],
+                audit={"decision": "allow", "policy-hash": policy_hash, "error": why},
+            )
+        rec = _base_record(req, webhook)
+        rec.update(
+            rules=[{"rule": "engine", "action": mode, "outcome": "error", "message": why}], policyHash=policy_hash
+        )
+        return out, rec
+
+    def _policy_configmap(req: admission.Request, obj: dict[str, Any]) -> dict[str, Any]:
+        target = cfg.policy_configmap
+        ns = req.namespace or _meta(obj, "namespace")
+        if target is None or (ns, _meta(obj, "name")) != target:
+            return admission.response(req.uid, allowed=True)
+        raw = obj.get("data")
+        data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        text = data.get(POLICY_KEY)
+        if not isinstance(text, str):
+            return admission.response(
+                req.uid, allowed=False, message=f"policy ConfigMap must have a data key {POLICY_KEY!r}", code=422
+            )
+        try:
+            policy = parse_policy_text(text)
+        except PolicyError as exc:
+            shown = "; ".join(exc.errors[:5]) + (f" (+{len(exc.errors) - 5} more)" if len(exc.errors) > 5 else "")
+            return admission.response(
+                req.uid, allowed=False, message=f"invalid policy in {POLICY_KEY}: {shown}", code=422
+            )
+        return admission.response(req.uid, allowed=True, audit={"policy-hash": policy.hash})
+
+    @app.post("/mutate")
+    async def mutate(request: Request) -> Response:
+        return await handle(request, "mutate")
+
+    @app.post("/validate")
+    async def validate(request: Request) -> Response:
+        return await handle(request, "validate")
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return Response("ok\n", media_type="text/plain")
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        ok, details = state.ready()
+        if cfg.cert_status is not None:
+            certs = cfg.cert_status()
+            details["certificates"] = certs
+            ok = ok and bool(certs.get("loaded"))
+        if cfg.extra_ready is not None:
+            more_ok, more = cfg.extra_ready()
+            details.update(more)
+            ok = ok and more_ok
+        if cfg.draining:
+            ok = False
+            details["draining"] = True
+        details["ready"] = ok
+        return _json(details, 200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(m.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/version")
+    async def version() -> Response:
+        return _json({"version": VERSION, "policyHash": state.snapshot().policy.hash})
+
+    _register_gauges(m, state, audit, cfg)
+    return app
+
+
+def _meta(obj: dict[str, Any], key: str) -> str:
+    meta = obj.get("metadata")
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def _audit_annotations(r: Review) -> dict[str, str]:
+    """Keys without '/', at most 63 characters (the API server prefixes them with the webhook name)."""
+    out = {"decision": r.verdict, "policy-hash": r.policy_hash}
+    flagged = [f"{x.rule}={x.outcome}" for x in r.results if x.outcome in ("deny", "warn", "audit", "error")]
+    if flagged:
+        out["rules"] = ",".join(flagged)
+    if r.mutations:
+        out["mutations"] = ",".join(r.mutations)
+    return out
+
+
+def _base_record(req: admission.Request, webhook: str) -> dict[str, Any]:
+    obj = req.object if isinstance(req.object, dict) else {}
+    return {
+        "time": _now(),
+        "uid": req.uid,
+        "dryRun": req.dry_run,
+        "webhook": webhook,
+        "user": req.user,
+        "groups": list(req.groups),
+        "operation": req.operation,
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind") or req.kind,
+        "namespace": req.namespace or _meta(obj, "namespace"),
+        "name": req.name or _meta(obj, "name") or _meta(obj, "generateName"),
+    }
+
+
+def _record(req: admission.Request, webhook: str, r: Review) -> dict[str, Any] | None:
+    if not r.handled or (not r.results and not r.mutations):
+        return None  # nothing GPU-related was decided: keep the log about GPU workloads
+    rec = _base_record(req, webhook)
+    rec.update(
+        workload=r.workload,
+        rules=[
+            {"rule": x.rule, "action": x.action, "outcome": x.outcome, "message": x.message}
+            for x in r.results
+            if x.action != "mutate"
+        ],
+        mutations=list(r.mutations),
+        warnings=list(r.warnings),
+        patch=list(r.patch),
+        policyHash=r.policy_hash,
+    )
+    return rec
+
+
+def _now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) -> None:
+    m.gauge(
+        "gpu_admission_policy_info",
+        "The active policy (hash label); 1",
+        lambda: [((("hash", state.snapshot().policy.hash), ("source", state.status.policy_source)), 1.0)],
+    )
+    m.gauge(
+        "gpu_admission_policy_reload_failures_total",
+        "Policy edits rejected (the last good policy kept serving)",
+        lambda: [((), float(state.status.reload_failures))],
+    )
+    m.gauge(
+        "gpu_admission_gpu_nodes",
+        "GPU nodes in the inventory",
+        lambda: [((), float(len(state.snapshot().inventory.nodes)))],
+    )
+    m.gauge("gpu_admission_inflight", "Reviews being decided now", lambda: [((), float(cfg.inflight))])
+    if cfg.cert_status is not None:
+        status = cfg.cert_status
+
+        def expiry() -> list[tuple[tuple[tuple[str, str], ...], float]]:
+            s = status()
+            return [((), float(s["notAfterUnix"]))] if s.get("notAfterUnix") else []
+
+        m.gauge("gpu_admission_cert_expiry_timestamp_seconds", "Serving certificate notAfter (Unix time)", expiry)
+    if audit is not None:
+
+        def audit_stats() -> list[tuple[tuple[tuple[str, str], ...], float]]:
+            return [((("counter", k),), float(v)) for k, v in audit.stats().items()]
+
+        m.gauge("gpu_admission_audit_records", "Audit log counters (written, dropped, rotations, errors)", audit_stats)
