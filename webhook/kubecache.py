@@ -1,0 +1,313 @@
+"""An in-memory cache of one Kubernetes resource kept current by list + watch in a background thread.
+
+`Reflector(client, "/api/v1/nodes").start()` returns at once. A daemon thread lists the resource (paged),
+then watches from the list's resourceVersion, applying each event to a dict keyed `namespace/name` (or
+`name` for cluster-scoped objects). When the watch ends it re-watches from the last resourceVersion seen
+(bookmarks included); when the API server answers 410 Gone it lists again, and the differences between the
+old and new contents are reported as ordinary changes. Other errors back off exponentially with jitter.
+
+Readers never block on the network: `snapshot()` copies the dict under a short lock, `synced` says whether
+the first list has completed. Cached objects are shared, not copied: treat them as read-only.
+`on_change(Change)` runs on the reflector's thread, for every change and a `SYNCED` after every list; an
+exception in it is logged and otherwise ignored.
+
+Used for Nodes, HorizontalPodAutoscalers, KEDA ScaledObjects and the policy ConfigMap.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from webhook.kubeclient import JSON, KubeClient, KubeError, WatchHandle
+
+log = logging.getLogger("gpu_admission.kubecache")
+
+ChangeType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change to the cache: `old` is None for ADDED, `new` is None for DELETED.
+
+    `SYNCED` (key "", no objects) follows every completed list, after that list's own changes, even when
+    the list was empty and nothing changed: a consumer can act on "in sync, and there is nothing there".
+    """
+
+    type: ChangeType
+    key: str
+    old: JSON | None
+    new: JSON | None
+
+
+OnChange = Callable[[Change], None]
+
+
+def object_key(obj: JSON) -> str:
+    """`namespace/name` for namespaced objects, `name` for cluster-scoped ones."""
+    metadata = obj.get("metadata") or {}
+    name = str(metadata.get("name") or "")
+    namespace = metadata.get("namespace")
+    return f"{namespace}/{name}" if namespace else name
+
+
+def _resource_version(obj: JSON) -> str | None:
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(value) if value else None
+
+
+class Reflector:
+    """List + watch one resource path into a dict; see the module docstring."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        path: str,
+        *,
+        name: str | None = None,
+        on_change: OnChange | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+        watch_timeout: int = 300,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        seed: int | None = None,
+    ) -> None:
+        if watch_timeout < 1:
+            raise ValueError("watch_timeout must be at least 1 second")
+        self._client = client
+        self._path = path
+        self.name = name or path
+        self._on_change = on_change
+        self._selectors: dict[str, str | None] = {
+            "label_selector": label_selector,
+            "field_selector": field_selector,
+        }
+        self._page_size = page_size
+        self._watch_timeout = watch_timeout
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._random = random.Random(seed)
+
+        self._lock = threading.Lock()
+        self._items: dict[str, JSON] = {}
+        self._rv: str | None = None
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle: WatchHandle | None = None
+        self._last_error: str | None = None
+        self.lists = 0
+        self.watches = 0
+        self.errors = 0
+
+    # -- reader side (never touches the network) ----------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """True once the first list has been applied (and from then on)."""
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self._synced.wait(timeout)
+
+    def snapshot(self) -> dict[str, JSON]:
+        """A copy of the key -> object mapping (objects shared, read-only)."""
+        with self._lock:
+            return dict(self._items)
+
+    def get(self, key: str) -> JSON | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    @property
+    def resource_version(self) -> str | None:
+        with self._lock:
+            return self._rv
+
+    @property
+    def last_error(self) -> str | None:
+        """The last error (one line), or None once a list or watch succeeded after it."""
+        return self._last_error
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> Reflector:
+        if self._thread is not None:
+            raise RuntimeError("reflector already started")
+        self._thread = threading.Thread(target=self._run, name=f"reflector {self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 5.0) -> bool:
+        """Stop the thread (aborting a watch in progress); wait up to `timeout`. True if it has ended.
+
+        The thread is a daemon, so it never holds up interpreter exit either way.
+        """
+        self._stop.set()
+        handle = self._handle
+        if handle is not None:
+            handle.abort()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = self._backoff_initial
+        need_list = True
+        while not self._stop.is_set():
+            if self._client.closed:
+                log.warning("%s: the client was closed; the reflector stops", self.name)
+                return
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                    backoff = self._backoff_initial
+                started = time.monotonic()
+                events = self._watch()
+                if events == 0 and time.monotonic() - started < 1.0 and not self._stop.is_set():
+                    # A watch that closes at once without events: do not spin.
+                    raise KubeError(0, "WatchClosed", "watch stream closed immediately")
+                backoff = self._backoff_initial
+            except KubeError as exc:
+                if exc.gone:
+                    log.info("%s: %s; listing again", self.name, exc)
+                    need_list = True
+                    continue
+                self._failed(str(exc))
+                backoff = self._sleep(backoff)
+            except Exception as exc:  # a bug or an unexpected answer must not kill the cache
+                log.exception("%s: unexpected error", self.name)
+                self._failed(f"{type(exc).__name__}: {exc}")
+                need_list = True
+                backoff = self._sleep(backoff)
+
+    def _failed(self, message: str) -> None:
+        self.errors += 1
+        self._last_error = " ".join(message.split())
+        log.warning("%s: %s", self.name, self._last_error)
+
+    def _sleep(self, backoff: float) -> float:
+        delay = backoff * (0.5 + self._random.random())  # jitter: 0.5x to 1.5x
+        self._stop.wait(delay)
+        return min(backoff * 2, self._backoff_max)
+
+    def _list(self) -> None:
+        listed = self._client.list_all(
+            self._path,
+            page_size=self._page_size,
+            label_selector=self._selectors["label_selector"],
+            field_selector=self._selectors["field_selector"],
+        )
+        fresh: dict[str, JSON] = {}
+        for item in listed.get("items") or []:
+            if isinstance(item, dict):
+                fresh[object_key(item)] = item
+        rv = (listed.get("metadata") or {}).get("resourceVersion")
+        with self._lock:
+            old = self._items
+            self._items = fresh
+            self._rv = str(rv) if rv else None
+        self.lists += 1
+        self._last_error = None
+        changes: list[Change] = []
+        for key, obj in fresh.items():
+            before = old.get(key)
+            if before is None:
+                changes.append(Change("ADDED", key, None, obj))
+            elif _differs(before, obj):
+                changes.append(Change("MODIFIED", key, before, obj))
+        changes += [Change("DELETED", key, obj, None) for key, obj in old.items() if key not in fresh]
+        self._synced.set()
+        for change in changes:
+            self._emit(change)
+        self._emit(Change("SYNCED", "", None, None))
+
+    def _watch(self) -> int:
+        """Watch from the current resourceVersion until the stream ends; the number of events applied."""
+        self.watches += 1
+        # Spread re-watches like client-go: a server-side timeout between 1x and 2x the configured one.
+        timeout = int(self._watch_timeout * (1 + self._random.random()))
+        count = 0
+        self._handle = handle = WatchHandle()
+        if self._stop.is_set():
+            return 0
+        stream = self._client.watch(
+            self._path,
+            resource_version=self._rv,
+            timeout_seconds=timeout,
+            handle=handle,
+            label_selector=self._selectors["label_selector"],
+            field_selector=self._selectors["field_selector"],
+        )
+        try:
+            for event in stream:
+                if self._stop.is_set():
+                    break
+                self._apply(event)
+                count += 1
+                self._last_error = None
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+        return count
+
+    def _apply(self, event: JSON) -> None:
+        kind = event.get("type")
+        obj: Any = event.get("object")
+        if not isinstance(obj, dict):
+            return
+        rv = _resource_version(obj)
+        if kind == "BOOKMARK":
+            if rv:
+                with self._lock:
+                    self._rv = rv
+            return
+        key = object_key(obj)
+        change: Change | None = None
+        with self._lock:
+            before = self._items.get(key)
+            if kind in ("ADDED", "MODIFIED"):
+                self._items[key] = obj
+                change = Change("ADDED" if before is None else "MODIFIED", key, before, obj)
+            elif kind == "DELETED":
+                self._items.pop(key, None)
+                change = Change("DELETED", key, before if before is not None else obj, None)
+            if rv:
+                self._rv = rv
+        if change is not None:
+            self._emit(change)
+
+    def _emit(self, change: Change) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change(change)
+        except Exception:
+            log.exception("%s: on_change callback failed for %s %s", self.name, change.type, change.key)
+
+
+def _differs(a: JSON, b: JSON) -> bool:
+    rv_a, rv_b = _resource_version(a), _resource_version(b)
+    if rv_a and rv_b:
+        return rv_a != rv_b
+    return a != b
