@@ -218,15 +218,24 @@ def run(args: argparse.Namespace) -> int:
     assert isinstance(config.ssl, ssl.SSLContext)
 
     class Server(uvicorn.Server):
+        """Drain on SIGTERM/SIGINT: fail /readyz, keep serving for --shutdown-delay, finish in-flight
+        reviews, exit 0. (uvicorn's own handler would re-raise the signal after shutdown.)"""
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             if cfg.draining:
-                return super().handle_exit(sig, frame)
-            cfg.draining = True  # /readyz fails first, so endpoints stop sending us new reviews
+                self._stop_now(sig)
+                return
+            cfg.draining = True
             log.info("shutting down", extra={"signal": sig, "delay": args.shutdown_delay})
             if args.shutdown_delay > 0:
-                threading.Timer(args.shutdown_delay, super().handle_exit, (sig, frame)).start()
+                threading.Timer(args.shutdown_delay, self._stop_now, (sig,)).start()
             else:
-                super().handle_exit(sig, frame)
+                self._stop_now(sig)
+
+        def _stop_now(self, sig: int) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
 
     server = Server(config)
     reloader.start()
@@ -242,6 +251,3 @@ def run(args: argparse.Namespace) -> int:
         if audit is not None:
             audit.close(timeout=10)
     return 0
-
-
-_ = signal  # SIGTERM/SIGINT are handled by uvicorn's Server, which calls handle_exit above

@@ -1,0 +1,136 @@
+"""Run a real `gpu-admission serve` process on loopback over TLS, for contract tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+NODES = ROOT / "examples" / "cluster" / "nodes.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_certs(directory: Path) -> Path:
+    """A CA and serving certificate from our own `certs init`, with an IP SAN for loopback."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook",
+            "certs",
+            "init",
+            "--service",
+            "gpu-admission",
+            "--namespace",
+            "gpu-admission",
+            "--out",
+            str(directory),
+            "--ip",
+            "127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return directory
+
+
+class ServerProcess:
+    def __init__(self, *extra: str, tls_dir: Path | None = None, nodes: Path | None = NODES, env: Any = None):
+        self.tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-srv-"))
+        self.tls = tls_dir or make_certs(self.tmp / "tls")
+        self.port = free_port()
+        self.audit = self.tmp / "audit.log"
+        args = [
+            sys.executable,
+            "-m",
+            "webhook",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--tls-cert",
+            str(self.tls / "tls.crt"),
+            "--tls-key",
+            str(self.tls / "tls.key"),
+            "--no-kube",
+            "--audit-file",
+            str(self.audit),
+        ]
+        if nodes is not None:
+            args += ["--nodes", str(nodes)]
+        self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [*args, *extra], stdout=subprocess.DEVNULL, stderr=self.stderr, env=env or os.environ.copy()
+        )
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.ca = str(self.tls / "ca-bundle.crt")
+        self.wait_ready()
+
+    def client(self, **kw: Any) -> httpx.Client:
+        verify = ssl.create_default_context(cafile=self.ca)
+        return httpx.Client(base_url=self.url, verify=verify, timeout=kw.pop("timeout", 30.0), **kw)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with self.client(timeout=1.0) as c:
+                    if c.get("/healthz").status_code == 200:
+                        return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"serve not healthy after {timeout}s: {self.log_tail()}")
+
+    def log_tail(self, n: int = 20) -> str:
+        self.stderr.flush()
+        lines = (self.tmp / "stderr.log").read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+        return int(self.proc.returncode)
+
+
+def review(obj: Any, uid: str = "uid-1", operation: str = "CREATE", dry_run: bool = False) -> dict[str, Any]:
+    meta = obj.get("metadata", {}) if isinstance(obj, dict) else {}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": obj.get("kind", "") if isinstance(obj, dict) else ""},
+            "operation": operation,
+            "namespace": meta.get("namespace", "default"),
+            "name": meta.get("name", ""),
+            "userInfo": {"username": "alice", "groups": ["system:authenticated", "ml-team"]},
+            "object": obj if operation != "DELETE" else None,
+            "oldObject": obj if operation in ("DELETE", "UPDATE") else None,
+            "dryRun": dry_run,
+        },
+    }
