@@ -1,0 +1,385 @@
+"""The audit log: one JSON line per admission decision, written off the request path.
+
+`AuditLog.record()` is what the request path calls. It never waits for I/O: it appends the record to a
+bounded in-memory queue and returns. One background writer thread drains the queue, encodes each record with
+orjson and writes the whole line with a single `os.write` to an `O_APPEND` file descriptor (and/or to fd 1,
+stdout). Nothing is buffered in userspace after the queue, so a line the writer has written is in the kernel
+and survives the process being killed (`kill -9`, OOM kill); only a machine crash can lose it.
+
+Queue-full policy: when the queue holds `queue_size` records not yet written (the disk stalls, stdout is a
+full pipe nobody reads), `record()` drops the new record and counts it in `dropped`. The alternative, blocking
+the caller until there is room, would turn a slow disk into slow (and eventually timed-out) admission
+responses for every pod create in the cluster; the webhook's job is to answer the API server, and the
+`dropped` counter (exported as a metric) makes any loss visible instead of silent. See docs/audit.md.
+
+Rotation is by size, done by the writer thread between two lines, so no line is ever split across files:
+`audit.log` → `audit.log.1` → `audit.log.2` … up to `backups` files (`audit.log.N.gz` when `compress=True`).
+One file belongs to one `AuditLog` (one process): give each server worker its own file, or use stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import glob
+import gzip
+import os
+import re
+import shutil
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import orjson
+
+from policies.quantity import parse_bytes
+
+DEFAULT_MAX_BYTES = 50 * 1024 * 1024
+DEFAULT_BACKUPS = 5
+DEFAULT_QUEUE_SIZE = 10_000
+
+# `.N` or `.N.gz` at the end of a rotated file's name: group 1 is N, group 2 the `.gz`.
+ROTATED_SUFFIX = re.compile(r"\.(\d+)(\.gz)?$")
+
+
+def format_time(ts: float) -> str:
+    """An audit `time` value: RFC 3339 UTC with milliseconds, e.g. `2026-11-30T08:00:00.123Z`."""
+    dt = datetime.fromtimestamp(ts, UTC)
+    return f"{dt:%Y-%m-%dT%H:%M:%S}.{dt.microsecond // 1000:03d}Z"
+
+
+def parse_time(value: str) -> datetime:
+    """Parse an audit `time` value (any ISO 8601 form; no zone means UTC). Raises ValueError."""
+    dt = datetime.fromisoformat(value)
+    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+
+
+def is_stale(path: Path) -> bool:
+    """A file left behind by a rotation interrupted by a kill, whose records exist elsewhere.
+
+    `*.tmp` is a compressed copy being written; a rotated `audit.log.N` next to a complete `audit.log.N.gz`
+    is the original of that copy (the `.gz` is renamed into place only once complete). Readers skip both.
+    """
+    if path.name.endswith(".tmp"):
+        return True
+    match = ROTATED_SUFFIX.search(path.name)
+    return bool(match and not match.group(2) and path.with_name(path.name + ".gz").exists())
+
+
+class AuditLog:
+    """Non-blocking audit log writer with size-based rotation.
+
+    `path`: the log file (opened now, so a bad path fails at start-up), or None for no file.
+    `stdout`: also write every line to fd 1 (for `kubectl logs`).
+    `max_bytes`: rotate before a line would take the file past this size (0 or less: never rotate).
+    `backups`: how many rotated files to keep (0: the full file is deleted).
+    `compress`: gzip rotated files to `audit.log.N.gz`.
+    `queue_size`: records accepted but not yet written, beyond which `record()` drops (see module doc).
+
+    Counters (read any time, e.g. by /metrics): `written` records fully written to every destination,
+    `dropped` records refused because the queue was full or the log closed, `rotations`, and `errors`
+    (failed writes, opens, rotations and unencodable records; the record involved is lost).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        stdout: bool = False,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        backups: int = DEFAULT_BACKUPS,
+        compress: bool = False,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+    ) -> None:
+        if path is None and not stdout:
+            raise ValueError("an audit log needs a file, stdout, or both")
+        if backups < 0:
+            raise ValueError(f"backups must be 0 or more, not {backups}")
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be 1 or more, not {queue_size}")
+        self.path = Path(path) if path is not None else None
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.compress = compress
+        self.queue_size = queue_size
+        self._stdout_fd = 1 if stdout else None
+        self._fd: int | None = None
+        self._size = 0
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._remove_stale()
+            self._open()  # raises OSError: a log that cannot be opened is a start-up error
+
+        self._lock = threading.Lock()
+        self._has_work = threading.Condition(self._lock)  # the writer waits here
+        self._progress = threading.Condition(self._lock)  # flush() waits here
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._accepted = 0  # records queued so far; guarded by _lock
+        self._processed = 0  # records the writer has finished with (written or failed); guarded by _lock
+        self._closing = False
+        self._dropped = 0
+        self._written = 0
+        self._rotations = 0
+        self._errors = 0
+        self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
+        self._thread.start()
+
+    # -- request path ---------------------------------------------------------------------------------
+
+    def record(self, rec: dict[str, Any]) -> bool:
+        """Queue one decision record and return at once: True if queued, False if dropped (queue full or
+        log closed). The log owns `rec` from now on: do not change it afterwards. A record without `time`
+        gets the time it is written."""
+        with self._lock:
+            if self._closing or self._accepted - self._processed >= self.queue_size:
+                self._dropped += 1
+                return False
+            self._queue.append(rec)
+            self._accepted += 1
+            self._has_work.notify()
+        return True
+
+    # -- control --------------------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every record queued before this call has been written (or failed; see `errors`).
+        True when done, False on timeout. After True, those records survive a kill of the process."""
+        with self._lock:
+            target = self._accepted
+            return self._progress.wait_for(lambda: self._processed >= target, timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop accepting records, write everything queued, stop the writer and close the file.
+        Call it on SIGTERM / server shutdown. True when everything was written in time. Idempotent."""
+        with self._lock:
+            self._closing = True
+            self._has_work.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        return True
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- counters -------------------------------------------------------------------------------------
+
+    @property
+    def written(self) -> int:
+        return self._written
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped
+
+    @property
+    def rotations(self) -> int:
+        return self._rotations
+
+    @property
+    def errors(self) -> int:
+        return self._errors
+
+    @property
+    def pending(self) -> int:
+        """Records queued and not yet written."""
+        with self._lock:
+            return self._accepted - self._processed
+
+    def stats(self) -> dict[str, int]:
+        """All counters at once, for metrics."""
+        return {
+            "written": self._written,
+            "dropped": self._dropped,
+            "rotations": self._rotations,
+            "errors": self._errors,
+            "pending": self.pending,
+        }
+
+    # -- writer thread --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._has_work.wait_for(lambda: bool(self._queue) or self._closing)
+                if not self._queue:
+                    return  # closing and drained
+                batch = list(self._queue)
+                self._queue.clear()
+            for rec in batch:
+                self._write_record(rec)
+            with self._lock:
+                self._processed += len(batch)
+                self._progress.notify_all()
+
+    def _write_record(self, rec: dict[str, Any]) -> None:
+        try:
+            if "time" not in rec:
+                rec = {"time": format_time(time.time()), **rec}
+            line = orjson.dumps(rec, default=str, option=orjson.OPT_APPEND_NEWLINE)
+        except (TypeError, ValueError):
+            self._errors += 1
+            return
+        ok = True
+        if self._stdout_fd is not None:
+            ok = self._write_line(self._stdout_fd, line)
+        if self.path is not None:
+            if self._fd is not None and 0 < self.max_bytes < self._size + len(line) and self._size > 0:
+                self._rotate()
+            if self._fd is None:
+                with contextlib.suppress(OSError):
+                    self._open()
+            if self._fd is None:
+                self._errors += 1
+                ok = False
+            elif self._write_line(self._fd, line):
+                self._size += len(line)
+            else:
+                ok = False
+        if ok:
+            self._written += 1
+
+    def _write_line(self, fd: int, line: bytes) -> bool:
+        # One write of the whole line. A short write only happens on a full disk or a signal during a pipe
+        # write; then the rest follows at once, still before any other line of this writer.
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            self._errors += 1
+            return False
+        return True
+
+    def _open(self) -> None:
+        assert self.path is not None
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        self._fd = fd
+        self._size = os.fstat(fd).st_size
+
+    def _rotated(self) -> list[tuple[int, Path]]:
+        """Existing rotated files of this log, (index, path), highest index first."""
+        assert self.path is not None
+        found = []
+        for p in self.path.parent.glob(glob.escape(self.path.name) + ".*"):
+            match = ROTATED_SUFFIX.fullmatch(p.name[len(self.path.name) :])
+            if match:
+                found.append((int(match.group(1)), p))
+        return sorted(found, reverse=True)
+
+    def _remove_stale(self) -> None:
+        assert self.path is not None
+        for p in self.path.parent.glob(glob.escape(self.path.name) + ".*"):
+            if is_stale(p):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+    def _rotate(self) -> None:
+        """Between two lines: close the full file, shift `.N` → `.N+1`, keep `backups`, start afresh."""
+        assert self.path is not None and self._fd is not None
+        os.close(self._fd)
+        self._fd = None
+        try:
+            self._remove_stale()
+            for index, p in self._rotated():
+                if index >= self.backups:
+                    p.unlink()
+                else:
+                    gz = ".gz" if p.name.endswith(".gz") else ""
+                    p.replace(p.with_name(f"{self.path.name}.{index + 1}{gz}"))
+            if self.backups == 0:
+                self.path.unlink()
+            else:
+                first = self.path.with_name(self.path.name + ".1")
+                self.path.replace(first)
+                if self.compress:
+                    self._gzip(first)
+            self._rotations += 1
+        except OSError:
+            self._errors += 1
+        with contextlib.suppress(OSError):
+            self._open()  # on failure the next record retries
+
+    @staticmethod
+    def _gzip(src: Path) -> None:
+        dst = src.with_name(src.name + ".gz")
+        tmp = src.with_name(dst.name + ".tmp")
+        with src.open("rb") as fin, gzip.open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+        tmp.chmod(src.stat().st_mode & 0o777)
+        tmp.replace(dst)  # the .gz appears only complete
+        src.unlink()
+
+
+# -- command-line options, for the server ----------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `--audit-*` options of a command that writes the audit log (`serve`)."""
+    group = parser.add_argument_group("audit log")
+    group.add_argument("--audit-file", metavar="PATH", help="write the audit log to this file")
+    group.add_argument("--audit-stdout", action="store_true", help="write the audit log to stdout")
+    group.add_argument(
+        "--audit-max-bytes",
+        type=_size_arg,
+        default=DEFAULT_MAX_BYTES,
+        metavar="SIZE",
+        help="rotate the file before it passes this size, a quantity such as 50Mi (default 50Mi; 0: never)",
+    )
+    group.add_argument(
+        "--audit-backups",
+        type=int,
+        default=DEFAULT_BACKUPS,
+        metavar="N",
+        help="rotated files to keep (default 5)",
+    )
+    group.add_argument("--audit-compress", action="store_true", help="gzip rotated files")
+    group.add_argument(
+        "--audit-queue",
+        type=int,
+        default=DEFAULT_QUEUE_SIZE,
+        metavar="N",
+        help="records waiting to be written beyond which new ones are dropped (default 10000)",
+    )
+
+
+def from_args(args: argparse.Namespace) -> AuditLog | None:
+    """The AuditLog the `--audit-*` options ask for, or None when neither file nor stdout is asked.
+    Raises `webhook.cli.UsageError` (exit 2) for a bad value or a file that cannot be opened."""
+    from webhook.cli import UsageError
+
+    if not args.audit_file and not args.audit_stdout:
+        return None
+    try:
+        return AuditLog(
+            args.audit_file,
+            stdout=args.audit_stdout,
+            max_bytes=args.audit_max_bytes,
+            backups=args.audit_backups,
+            compress=args.audit_compress,
+            queue_size=args.audit_queue,
+        )
+    except ValueError as exc:
+        raise UsageError(f"audit log: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot open audit log {args.audit_file}: {exc.strerror or exc}") from None
+
+
+def _size_arg(text: str) -> int:
+    """A Kubernetes quantity of bytes: `52428800`, `50Mi`, `1Gi` (`50M` is 50,000,000)."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
