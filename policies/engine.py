@@ -143,6 +143,7 @@ def review(
                 failed_closed = True
                 continue
             if changed:
+                subject.invalidate()
                 applied.append(m.id)
                 results.append(RuleResult(m.id, "mutate", "applied"))
 

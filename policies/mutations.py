@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.inventory import SHARED_STRATEGIES, GpuNode, Offer
+from policies.patch import clone
 from policies.resources import GPU
 from policies.subject import OWN_JOB_LABEL, Pod, Subject
 from policies.topology import HOSTNAME, ZONE
@@ -79,8 +80,9 @@ def add_node_expressions(pod: Json, exprs: tuple[Json, ...] | list[Json]) -> boo
     )
     if terms is None:
         return False
+    # Every expression added is a fresh copy: two terms, two pods or a module constant must never share a list.
     if not terms:
-        terms.append({"matchExpressions": [dict(e) for e in exprs]})
+        terms.append({"matchExpressions": [clone(e) for e in exprs]})
         return True
     changed = False
     for term in terms:
@@ -91,7 +93,7 @@ def add_node_expressions(pod: Json, exprs: tuple[Json, ...] | list[Json]) -> boo
             continue
         for e in exprs:
             if e not in existing:
-                existing.append(dict(e))
+                existing.append(clone(e))
                 changed = True
     return changed
 
@@ -238,6 +240,8 @@ def training_node_pack(s: Subject, p: Pod) -> bool:
     (podAffinity weight 100 on kubernetes.io/hostname): NVLink beats any network."""
     if p.workload != "training" or not s.job.multi_pod or s.job.key is None or s.job.value is None:
         return False
+    if not s.job.gpus_known:
+        return False  # a pod of a job of unknown size: its template (reviewed on apply) decided already
     if not p.ask.asks_gpu or s.inventory.empty or s.job.gpus > s.inventory.max_whole_gpus or s.job.gpus == 0:
         return False
     changed = _ensure_job_label(s, p)
@@ -290,7 +294,7 @@ def inference_spread(s: Subject, p: Pod) -> bool:
                 "maxSkew": 1,
                 "topologyKey": key,
                 "whenUnsatisfiable": s.policy.spread_when_unsatisfiable,
-                "labelSelector": selector,
+                "labelSelector": clone(selector),  # the workload's own selector stays unshared
             }
         )
         changed = True

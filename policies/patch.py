@@ -3,7 +3,7 @@
 Mutations edit a plain-JSON copy; the patch is derived afterwards, so every field the engine does not own
 survives by construction (no typed-model round trip can drop it). Keys are escaped (`~` → `~0`, `/` → `~1`),
 parents are always created before children, and list growth is expressed as appends so the patch applies
-cleanly to the original.
+cleanly to the original. Patch values are copies: they share nothing with the mutated object.
 """
 
 from __future__ import annotations
@@ -11,6 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 JsonOp = dict[str, Any]
+
+
+def clone(value: Any) -> Any:
+    """A copy of a JSON value that shares no mapping or list with the original (faster than deepcopy)."""
+    if isinstance(value, dict):
+        return {k: clone(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clone(v) for v in value]
+    return value
 
 
 def escape(key: str) -> str:
@@ -45,13 +54,13 @@ def _diff(a: Any, b: Any, path: str, ops: list[JsonOp]) -> None:
             if key in a:
                 _diff(a[key], value, sub, ops)
             else:
-                ops.append({"op": "add", "path": sub, "value": value})
+                ops.append({"op": "add", "path": sub, "value": clone(value)})
         return
     if isinstance(a, list) and isinstance(b, list) and len(b) >= len(a):
         for i, value in enumerate(a):
             _diff(value, b[i], f"{path}/{i}", ops)
         for value in b[len(a) :]:
-            ops.append({"op": "add", "path": f"{path}/-", "value": value})
+            ops.append({"op": "add", "path": f"{path}/-", "value": clone(value)})
         return
     # A shrunk list or a change of type: replace the whole value (the root uses path "").
-    ops.append({"op": "replace", "path": path, "value": b})
+    ops.append({"op": "replace", "path": path, "value": clone(b)})

@@ -70,7 +70,7 @@ def training_same_rack(s: Subject) -> list[Violation]:
     penalty = _penalty(s)
     why = f"; {penalty}" if penalty else ""
     if not s.inventory.rack_label:
-        found = f"{size} training job with no same-rack constraint ({roles}) and no rack label on GPU nodes"
+        found = f"{size} training job with no same-rack constraint ({roles}) and no rack label on GPU nodes{why}"
         return [Violation(found, "set topology.rack in the policy or label GPU nodes with their rack")]
     if s.job.key is None:
         found = f"{size} training job ({roles}) has no job identity, so no same-rack affinity could be added{why}"
@@ -323,7 +323,12 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
         if inv.empty:
             continue
         whole = p.ask.whole_gpus
-        largest = max((o.count for n in inv.nodes for o in n.offers if o.resource == GPU), default=0)
+        # A time-sliced / MPS node advertises replicas x GPUs units of nvidia.com/gpu: they are shares, not
+        # GPUs, and more than one share gives nothing (shared-gpu-single). Count such a node as one.
+        largest = max(
+            (1 if o.kind == "shared" else o.count for n in inv.nodes for o in n.offers if o.resource == GPU),
+            default=0,
+        )
         if whole > largest:
             return [
                 Violation(

@@ -18,7 +18,7 @@ from policies.resources import PodAsk, pod_ask
 from policies.workloads import JOB_IDENTITY_LABEL, POD_JOB_LABELS, Json, Template, effective_kind, templates
 
 # The label the webhook puts on pod templates of kinds whose controller sets no job label of its own.
-OWN_JOB_LABEL = "gpu-admission.io/job"
+OWN_JOB_LABEL = userkeys.JOB
 # Pods of these controllers form one distributed job (gpu-resources.md §6).
 _DISTRIBUTED_POD_LABELS = (
     "training.kubeflow.org/job-name",
@@ -48,6 +48,7 @@ class Pod:
     keys: userkeys.UserKeys
     workload: str | None
     latency: str
+    _ask: PodAsk | None = None
 
     @property
     def pod(self) -> Json:
@@ -55,7 +56,11 @@ class Pod:
 
     @property
     def ask(self) -> PodAsk:
-        return pod_ask(self.template.pod)  # recomputed: gpu-slice may have renamed resources
+        # Cached: rules read it many times. The engine calls Subject.invalidate() after every mutation
+        # that changed something, since gpu-slice renames resources.
+        if self._ask is None:
+            self._ask = pod_ask(self.template.pod)
+        return self._ask
 
     @property
     def spec(self) -> Json:
@@ -71,13 +76,16 @@ class Pod:
 
 @dataclass(frozen=True)
 class Job:
-    """The job a training pod belongs to: identity label (key, value) if known, size in pods and GPUs."""
+    """The job a training pod belongs to: identity label (key, value) if known, size in pods and GPUs.
+    `gpus_known` is False for a pod of a multi-pod job without `gpu-admission.io/job-gpus`: `gpus` is then only
+    this pod's share, a lower bound."""
 
     key: str | None
     value: str | None
     pods: int
     gpus: int
     multi_pod: bool
+    gpus_known: bool = True
 
 
 @dataclass
@@ -92,10 +100,19 @@ class Subject:
     inventory: Inventory
     ctx: ReviewContext
     notes: list[str] = field(default_factory=list)
+    _gpu_pods: list[Pod] | None = None
 
     @property
     def gpu_pods(self) -> list[Pod]:
-        return [p for p in self.pods if p.ask.asks_gpu or p.keys.gpu_memory is not None]
+        if self._gpu_pods is None:
+            self._gpu_pods = [p for p in self.pods if p.ask.asks_gpu or p.keys.gpu_memory is not None]
+        return self._gpu_pods
+
+    def invalidate(self) -> None:
+        """Forget what was derived from the pod specs (after a mutation edited them)."""
+        self._gpu_pods = None
+        for p in self.pods:
+            p._ask = None
 
     @property
     def workload(self) -> str | None:
@@ -147,7 +164,8 @@ def _job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkey
         per_pod = pod.ask.whole_gpus if pod else 0
         distributed = any(k in labels for k in _DISTRIBUTED_POD_LABELS)
         multi = (job_gpus is not None and job_gpus > per_pod) or distributed
-        return Job(key, labels.get(key) if key else None, 2 if multi else 1, job_gpus or per_pod, multi)
+        known = job_gpus is not None or not multi
+        return Job(key, labels.get(key) if key else None, 2 if multi else 1, job_gpus or per_pod, multi, known)
     total_pods = sum(p.template.replicas for p in gpu_pods)
     total_gpus = sum(p.template.replicas * p.ask.whole_gpus for p in gpu_pods)
     key = JOB_IDENTITY_LABEL.get(kind) or OWN_JOB_LABEL

@@ -18,11 +18,14 @@ WORKLOAD = PREFIX + "workload"
 GPU_MEMORY = PREFIX + "gpu-memory"
 LATENCY = PREFIX + "latency"
 JOB_GPUS = PREFIX + "job-gpus"
+# The job-identity label the webhook itself puts on pod templates of kinds whose controller sets none (RayJob,
+# a labelled Deployment...); users may set it on bare pods too (the training-same-rack fix message says so).
+JOB = PREFIX + "job"
 ENFORCEMENT = PREFIX + "enforcement"
 
 CLASSES = ("training", "inference", "batch")
 LATENCIES = ("online", "offline")
-LABEL_KEYS = frozenset({WORKLOAD})
+LABEL_KEYS = frozenset({WORKLOAD, JOB})
 ANNOTATION_KEYS = frozenset({GPU_MEMORY, LATENCY, JOB_GPUS})
 
 
@@ -82,6 +85,8 @@ def _parse(key: str, raw: Any) -> tuple[Any, str]:
         return None, "must be a string"
     if key == WORKLOAD:
         return (raw, "") if raw in CLASSES else (None, f"must be one of {', '.join(CLASSES)}")
+    if key == JOB:
+        return (raw, "") if raw else (None, "must name the job (a non-empty label value)")
     if key == LATENCY:
         return (raw, "") if raw in LATENCIES else (None, f"must be one of {', '.join(LATENCIES)}")
     if key == JOB_GPUS:
