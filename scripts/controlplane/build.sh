@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Build a real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)
+# from Go modules, for the end-to-end tests in tests/e2e/.
+#
+# Usage: scripts/controlplane/build.sh            # build once, then reuse the cache
+#        scripts/controlplane/build.sh --force    # rebuild even when cached
+#        scripts/controlplane/build.sh --print    # print the bin dir if cached, exit 1 otherwise
+#
+# The binaries are cached outside the repository, keyed by both versions:
+#   ${GPU_ADMISSION_CACHE:-$HOME/.cache/gpu-admission}/controlplane/<k8s>-etcd-<etcd>/bin/
+# The last line on stdout is always that bin dir; progress goes to stderr.
+#
+# Why a wrapper module: k8s.io/kubernetes requires its staging modules (k8s.io/api, k8s.io/client-go, …)
+# at the placeholder v0.0.0 with `replace => ./staging/...`, so `go install …@version` is refused. A
+# throwaway module that requires k8s.io/kubernetes and replaces every staging module with its published
+# v0.X.Y twin builds the command packages. The list of staging modules is read from k8s.io/kubernetes' own
+# go.mod (as served by the module proxy), never hard-coded.
+set -euo pipefail
+
+# Pinned versions. Kubernetes: newest v1.33.x served by the proxy, so that the preinstalled kubectl
+# (v1.32 / v1.33 clients) stays within the supported version skew. etcd: newest v3.5.x patch (the
+# etcd minor Kubernetes 1.33 is tested against; its go.mod requires go.etcd.io/etcd/* v3.5.21).
+K8S_VERSION="${K8S_VERSION:-v1.33.13}"
+ETCD_VERSION="${ETCD_VERSION:-v3.5.35}"
+
+CACHE_ROOT="${GPU_ADMISSION_CACHE:-$HOME/.cache/gpu-admission}"
+KEY_DIR="$CACHE_ROOT/controlplane/${K8S_VERSION}-etcd-${ETCD_VERSION}"
+BIN_DIR="$KEY_DIR/bin"
+STAMP="$BIN_DIR/.complete"
+BINARIES=(etcd kube-apiserver kube-scheduler kube-controller-manager)
+
+log() { printf 'build.sh: %s\n' "$*" >&2; }
+die() { printf 'build.sh: error: %s\n' "$*" >&2; exit 1; }
+
+cached() {
+    [[ -f "$STAMP" ]] || return 1
+    local b
+    for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
+}
+
+force=0
+case "${1:-}" in
+    "") ;;
+    --force) force=1 ;;
+    --print)
+        if cached; then echo "$BIN_DIR"; exit 0; fi
+        log "not built yet: $BIN_DIR"; exit 1 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+    *) die "unknown argument '$1' (expected --force, --print or nothing)" ;;
+esac
+
+# Fast path: no Go invocation at all when the cache is complete.
+if [[ $force == 0 ]] && cached; then
+    echo "$BIN_DIR"
+    exit 0
+fi
+
+[[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] \
+    || die "K8S_VERSION must look like v1.33.13, got '$K8S_VERSION'"
+K8S_MINOR="${BASH_REMATCH[1]}"
+STAGING_VERSION="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
+[[ $ETCD_VERSION =~ ^v3\.[0-9]+\.[0-9]+$ ]] || die "ETCD_VERSION must look like v3.5.35, got '$ETCD_VERSION'"
+
+command -v go >/dev/null 2>&1 || die "the 'go' command is not on PATH; install Go >= 1.24 to build the control plane"
+command -v flock >/dev/null 2>&1 || die "'flock' (util-linux) is required"
+
+mkdir -p "$KEY_DIR" || die "cannot create cache dir $KEY_DIR"
+# One build at a time per version key (parallel test sessions share the cache).
+exec 9>"$KEY_DIR/.lock"
+if ! flock -n 9; then
+    log "another build holds $KEY_DIR/.lock; waiting for it"
+    flock 9
+fi
+if [[ $force == 0 ]] && cached; then
+    echo "$BIN_DIR"
+    exit 0
+fi
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu-admission-cpbuild.XXXXXX")"
+STAGE="$KEY_DIR/bin.partial.$$"
+cleanup() { rm -rf "$WORK" "$STAGE"; }
+trap cleanup EXIT
+
+start=$(date +%s)
+log "go: $(go version)"
+log "building Kubernetes $K8S_VERSION (staging $STAGING_VERSION) and etcd $ETCD_VERSION into $BIN_DIR"
+
+# ---- Kubernetes -------------------------------------------------------------------------------------------
+K8S_MOD_DIR="$WORK/k8s"
+mkdir -p "$K8S_MOD_DIR"
+cd "$K8S_MOD_DIR"
+cat >go.mod <<EOF
+module gpu-admission.local/controlplane/kubernetes
+
+go 1.24.0
+EOF
+
+log "reading the staging module list from k8s.io/kubernetes@$K8S_VERSION's go.mod"
+if ! dl_json="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" 2>&1)"; then
+    printf '%s\n' "$dl_json" >&2
+    die "cannot download k8s.io/kubernetes@$K8S_VERSION from the module proxy (GOPROXY=$(go env GOPROXY))"
+fi
+gomod_file="$(printf '%s\n' "$dl_json" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+[[ -n $gomod_file && -f $gomod_file ]] || die "go mod download did not name k8s.io/kubernetes' go.mod: $dl_json"
+
+mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\)[[:space:]]*=>[[:space:]]*\./staging/src/.*#\1#p' "$gomod_file" | sort -u)
+((${#staging[@]} > 0)) || die "found no '=> ./staging/src/...' replace lines in $gomod_file"
+log "${#staging[@]} staging modules: ${staging[*]}"
+
+{
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "replace ("
+    for m in "${staging[@]}"; do echo "	$m => $m $STAGING_VERSION"; done
+    echo ")"
+} >>go.mod
+
+build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+pkg=k8s.io/component-base/version
+k8s_ldflags="-s -w"
+k8s_ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$K8S_MINOR"
+k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+# client-go carries its own copy of the version variables (used in its User-Agent).
+k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$K8S_MINOR"
+
+mkdir -p "$STAGE"
+log "compiling kube-apiserver, kube-scheduler, kube-controller-manager (several minutes on a cold cache)"
+CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "$k8s_ldflags" -o "$STAGE/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    || die "go build of the Kubernetes $K8S_VERSION components failed"
+
+# ---- etcd -------------------------------------------------------------------------------------------------
+# go.etcd.io/etcd/server/v3 is the etcd main package. Its go.mod replaces its sibling modules with relative
+# paths (ignored for a dependency); the versions it requires are the published twins, so a wrapper that only
+# requires the server module resolves them correctly.
+ETCD_MOD_DIR="$WORK/etcd"
+mkdir -p "$ETCD_MOD_DIR"
+cd "$ETCD_MOD_DIR"
+cat >go.mod <<EOF
+module gpu-admission.local/controlplane/etcd
+
+go 1.24.0
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+EOF
+log "compiling etcd $ETCD_VERSION"
+CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3 \
+    || die "go build of etcd $ETCD_VERSION failed"
+
+# ---- verify and install -----------------------------------------------------------------------------------
+for b in "${BINARIES[@]}"; do [[ -x "$STAGE/$b" ]] || die "expected binary $b was not produced"; done
+got="$("$STAGE/kube-apiserver" --version 2>&1 || true)"
+[[ $got == "Kubernetes $K8S_VERSION" ]] || die "kube-apiserver --version says '$got', expected 'Kubernetes $K8S_VERSION'"
+got="$("$STAGE/etcd" --version 2>&1 | head -1 || true)"
+[[ $got == "etcd Version: ${ETCD_VERSION#v}" ]] || die "etcd --version says '$got', expected etcd ${ETCD_VERSION#v}"
+
+elapsed=$(( $(date +%s) - start ))
+cat >"$STAGE/.complete" <<EOF
+kubernetes=$K8S_VERSION
+etcd=$ETCD_VERSION
+go=$(go env GOVERSION)
+built=$build_date
+build_seconds=$elapsed
+EOF
+rm -rf "$BIN_DIR"
+mv "$STAGE" "$BIN_DIR"
+log "done in ${elapsed}s"
+echo "$BIN_DIR"
