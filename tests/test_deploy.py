@@ -1,0 +1,1221 @@
+"""Safety properties of the deployment: kustomize renders, webhooks, RBAC, certificates, Dockerfile.
+
+Renders `deploy/` and `deploy/overlays/cert-manager` with `kubectl kustomize` and checks what an operator
+relies on: at least two spread replicas behind a PDB, a locked-down pod, webhooks that fail closed but never
+cover the control plane or our own namespace, CEL conditions that cannot error, read-only RBAC for the
+server, the certificate script's order of operations, and a lint of the Dockerfile.
+
+The CEL matchConditions are checked structurally here and, when `celpy` (PyPI: cel-python) is installed,
+evaluated on sample objects of every kind. The real API server's compile + dry-run is an e2e test.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Callable, Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+BASE = DEPLOY / "base"
+OVERLAY = DEPLOY / "overlays" / "cert-manager"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCS = ROOT / "docs" / "deploy.md"
+
+NS = "gpu-admission"
+EXCLUDED_NAMESPACES = {"kube-system", "kube-node-lease", "kube-public", NS}
+POLICY_CM = "gpu-admission-policy"
+TLS_SECRET = "gpu-admission-tls"
+SERVER_SA = "gpu-admission"
+CERTS_SA = "gpu-admission-certs"
+SERVE_ARGS = [
+    "serve", "--port", "8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key",
+    "--policy-configmap", "gpu-admission/gpu-admission-policy", "--audit-log", "-",
+]  # fmt: skip
+WORKLOAD_KINDS_RESOURCES = {
+    ("apps", "deployments"), ("apps", "statefulsets"), ("apps", "replicasets"), ("apps", "daemonsets"),
+    ("batch", "jobs"), ("batch", "cronjobs"), ("", "pods"),
+    ("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "tfjobs"), ("kubeflow.org", "mpijobs"),
+    ("kubeflow.org", "xgboostjobs"), ("kubeflow.org", "paddlejobs"), ("jobset.x-k8s.io", "jobsets"),
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"), ("batch.volcano.sh", "jobs"),
+    ("ray.io", "rayjobs"), ("ray.io", "rayclusters"),
+}  # fmt: skip
+
+# Spec §7: every kind the webhook must see -> (API group, resource). Pod templates: both configurations.
+TEMPLATE_KINDS: dict[str, tuple[str, str]] = {
+    "Pod": ("", "pods"),
+    "Deployment": ("apps", "deployments"),
+    "StatefulSet": ("apps", "statefulsets"),
+    "ReplicaSet": ("apps", "replicasets"),
+    "DaemonSet": ("apps", "daemonsets"),
+    "Job": ("batch", "jobs"),
+    "CronJob": ("batch", "cronjobs"),
+    "PyTorchJob": ("kubeflow.org", "pytorchjobs"),
+    "TFJob": ("kubeflow.org", "tfjobs"),
+    "MPIJob": ("kubeflow.org", "mpijobs"),
+    "XGBoostJob": ("kubeflow.org", "xgboostjobs"),
+    "PaddleJob": ("kubeflow.org", "paddlejobs"),
+    "JobSet": ("jobset.x-k8s.io", "jobsets"),
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+    "Volcano Job": ("batch.volcano.sh", "jobs"),
+    "RayJob": ("ray.io", "rayjobs"),
+    "RayCluster": ("ray.io", "rayclusters"),
+}
+# Validating only.
+VALIDATE_ONLY_KINDS: dict[str, tuple[str, str]] = {
+    "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
+    "ScaledObject": ("keda.sh", "scaledobjects"),
+    "ConfigMap": ("", "configmaps"),
+}
+READ_VERBS = {"get", "list", "watch"}
+
+
+# -- rendering -------------------------------------------------------------------------------------------
+
+
+def _kustomize(path: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: cannot render the kustomizations")
+    proc = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, f"kubectl kustomize {path.relative_to(ROOT)} failed:\n{proc.stderr}"
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+@cache
+def _render(which: str) -> tuple[dict[str, Any], ...]:
+    return tuple(_kustomize(DEPLOY if which == "base" else OVERLAY))
+
+
+def docs_of(which: str) -> list[dict[str, Any]]:
+    return copy.deepcopy(list(_render(which)))
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = find(docs, kind, name)
+    assert len(found) == 1, f"expected exactly one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+RENDERS = ["base", "cert-manager"]
+
+
+@pytest.fixture(params=RENDERS)
+def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return docs_of(request.param)
+
+
+def deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "Deployment", "gpu-admission")
+
+
+def pod_templates(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every pod template in the render: Deployment, Job, CronJob."""
+    for d in docs:
+        if d["kind"] in ("Deployment", "Job"):
+            yield f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]
+        elif d["kind"] == "CronJob":
+            yield f"CronJob/{d['metadata']['name']}", d["spec"]["jobTemplate"]["spec"]["template"]
+
+
+def all_webhooks(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for cfg in find(docs, kind):
+            for hook in cfg["webhooks"]:
+                yield kind, hook
+
+
+def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    match_labels = selector.get("matchLabels") or {}
+    return bool(match_labels) and all(labels.get(k) == v for k, v in match_labels.items())
+
+
+# -- render: objects and fixed names ---------------------------------------------------------------------
+
+
+def test_base_renders_every_object() -> None:
+    docs = docs_of("base")
+    for kind, name in [
+        ("Namespace", NS),
+        ("ServiceAccount", SERVER_SA),
+        ("ServiceAccount", CERTS_SA),
+        ("ClusterRole", "gpu-admission"),
+        ("ClusterRoleBinding", "gpu-admission"),
+        ("Role", "gpu-admission"),
+        ("RoleBinding", "gpu-admission"),
+        ("ConfigMap", POLICY_CM),
+        ("Service", "gpu-admission"),
+        ("Deployment", "gpu-admission"),
+        ("PodDisruptionBudget", "gpu-admission"),
+        ("Job", "gpu-admission-certs"),
+        ("CronJob", "gpu-admission-certs-rotate"),
+        ("MutatingWebhookConfiguration", "gpu-admission"),
+        ("ValidatingWebhookConfiguration", "gpu-admission"),
+    ]:
+        one(docs, kind, name)
+    for d in docs:
+        if d["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"} and "Webhook" not in d["kind"]:
+            assert d["metadata"].get("namespace") == NS, f"{d['kind']} {d['metadata']['name']} not in {NS}"
+
+
+def test_top_level_kustomization_points_at_base() -> None:
+    top = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert top["resources"] == ["base"]
+
+
+def test_service_and_container_ports(rendered: list[dict[str, Any]]) -> None:
+    svc = one(rendered, "Service", "gpu-admission")
+    assert svc["spec"].get("type", "ClusterIP") == "ClusterIP"
+    (port,) = svc["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("https", 443, "https")
+    pod = deployment(rendered)["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert {"name": "https", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
+    assert selector_matches({"matchLabels": svc["spec"]["selector"]}, pod["metadata"]["labels"])
+
+
+def test_server_command_is_the_fixed_one(rendered: list[dict[str, Any]]) -> None:
+    (container,) = deployment(rendered)["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["gpu-admission"]
+    assert container["args"] == SERVE_ARGS
+    assert container["image"].startswith("gpu-admission:")
+
+
+def test_tls_secret_mounted_at_tls_without_the_ca_key(rendered: list[dict[str, Any]]) -> None:
+    spec = deployment(rendered)["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    tls = mounts["/tls"]
+    assert tls.get("readOnly") is True and "subPath" not in tls, "no subPath: rotated files must show up"
+    volume = next(v for v in spec["volumes"] if v["name"] == tls["name"])
+    assert volume["secret"]["secretName"] == TLS_SECRET
+    keys = {item["key"] for item in volume["secret"]["items"]}
+    assert keys == {"tls.crt", "tls.key", "ca.crt"}, "the server must not see ca.key"
+    tmp = next(v for v in spec["volumes"] if v["name"] == mounts["/tmp"]["name"])
+    assert "emptyDir" in tmp
+
+
+# -- the Deployment's safety properties ------------------------------------------------------------------
+
+
+def test_replicas_and_rollout_keep_two_serving(rendered: list[dict[str, Any]]) -> None:
+    spec = deployment(rendered)["spec"]
+    assert spec["replicas"] >= 2
+    rolling = spec["strategy"]["rollingUpdate"]
+    assert spec["strategy"]["type"] == "RollingUpdate" and rolling["maxUnavailable"] == 0
+
+
+def test_pdb_selects_the_server_pods_only(rendered: list[dict[str, Any]]) -> None:
+    pdb = one(rendered, "PodDisruptionBudget", "gpu-admission")
+    assert pdb["spec"]["minAvailable"] == 1
+    pods = dict(pod_templates(rendered))
+    assert selector_matches(pdb["spec"]["selector"], pods["Deployment/gpu-admission"]["metadata"]["labels"])
+    svc_selector = {"matchLabels": one(rendered, "Service", "gpu-admission")["spec"]["selector"]}
+    for where, tpl in pods.items():
+        if where != "Deployment/gpu-admission":
+            labels = tpl["metadata"].get("labels", {})
+            assert not selector_matches(pdb["spec"]["selector"], labels), f"PDB selects {where}"
+            assert not selector_matches(svc_selector, labels), f"Service selects {where}"
+
+
+def test_spread_across_nodes(rendered: list[dict[str, Any]]) -> None:
+    spec = deployment(rendered)["spec"]["template"]["spec"]
+    labels = deployment(rendered)["spec"]["template"]["metadata"]["labels"]
+    anti = spec["affinity"]["podAntiAffinity"]
+    terms = [t["podAffinityTerm"] for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution", [])]
+    terms += anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    assert any(
+        t["topologyKey"] == "kubernetes.io/hostname" and selector_matches(t["labelSelector"], labels) for t in terms
+    ), "pod anti-affinity across nodes"
+    spreads = spec["topologySpreadConstraints"]
+    by_key = {c["topologyKey"]: c for c in spreads}
+    host = by_key["kubernetes.io/hostname"]
+    assert host["maxSkew"] == 1 and selector_matches(host["labelSelector"], labels)
+    if host["whenUnsatisfiable"] == "DoNotSchedule":
+        # A hard spread must not count tainted GPU nodes as empty domains, nor old + new ReplicaSet pods
+        # together, or a rolling update on a small cluster deadlocks.
+        assert host.get("nodeTaintsPolicy") == "Honor"
+        assert host.get("matchLabelKeys") == ["pod-template-hash"]
+
+
+def test_priority_class_and_quota(rendered: list[dict[str, Any]]) -> None:
+    spec = deployment(rendered)["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    quota = one(rendered, "ResourceQuota", "gpu-admission-critical-pods")
+    (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert expr["scopeName"] == "PriorityClass" and "system-cluster-critical" in expr["values"]
+    assert int(quota["spec"]["hard"]["pods"]) >= deployment(rendered)["spec"]["replicas"] + 1
+
+
+def test_every_pod_is_locked_down(rendered: list[dict[str, Any]]) -> None:
+    templates = list(pod_templates(rendered))
+    assert templates
+    for where, tpl in templates:
+        spec = tpl["spec"]
+        psc = spec["securityContext"]
+        assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532, where
+        assert psc["seccompProfile"]["type"] == "RuntimeDefault", where
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC"), where
+        for c in spec["containers"] + spec.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add"), where
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault", where
+            assert sc.get("runAsNonRoot", psc["runAsNonRoot"]) is True, where
+            assert sc.get("privileged", False) is False, where
+            assert "requests" in c["resources"] and "limits" in c["resources"], where
+        for volume in spec.get("volumes", []):
+            assert set(volume) - {"name"} <= {"secret", "configMap", "emptyDir"}, where
+    ns = one(rendered, "Namespace", NS)
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_probes(rendered: list[dict[str, Any]]) -> None:
+    (c,) = deployment(rendered)["spec"]["template"]["spec"]["containers"]
+    for probe, path in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]:
+        get = c[probe]["httpGet"]
+        assert (get["path"], get["scheme"], get["port"]) == (path, "HTTPS", "https"), probe
+        assert c[probe]["timeoutSeconds"] <= 5
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_resources(rendered: list[dict[str, Any]]) -> None:
+    (c,) = deployment(rendered)["spec"]["template"]["spec"]["containers"]
+    res = c["resources"]
+    assert set(res["requests"]) == {"cpu", "memory"} and set(res["limits"]) == {"cpu", "memory"}
+    assert _mebibytes(res["requests"]["memory"]) >= 100, "spec §10: up to 100 MiB RSS per worker"
+    assert _mebibytes(res["limits"]["memory"]) >= _mebibytes(res["requests"]["memory"])
+
+
+def _mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * factor
+    return float(quantity) / 2**20
+
+
+def test_graceful_termination(rendered: list[dict[str, Any]]) -> None:
+    spec = deployment(rendered)["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    pre_stop = c["lifecycle"]["preStop"]
+    if "exec" in pre_stop:
+        command = pre_stop["exec"]["command"]
+        assert Path(command[0]).name == "sleep", "preStop sleeps while endpoints drain"
+        seconds = int(command[1])
+    else:
+        seconds = int(pre_stop["sleep"]["seconds"])
+    timeouts = [h["timeoutSeconds"] for _, h in all_webhooks(rendered)]
+    # Sleep, then finish in-flight reviews (each bounded by its webhook timeout).
+    assert seconds > 0 and seconds + max(timeouts) < spec["terminationGracePeriodSeconds"]
+
+
+def test_service_account_tokens(rendered: list[dict[str, Any]]) -> None:
+    for sa in find(rendered, "ServiceAccount"):
+        assert sa.get("automountServiceAccountToken") is False, "opt in per pod, not per ServiceAccount"
+    for where, tpl in pod_templates(rendered):
+        spec = tpl["spec"]
+        assert spec["automountServiceAccountToken"] is True, f"{where} watches / writes the API"
+        expected = SERVER_SA if where.startswith("Deployment/") else CERTS_SA
+        assert spec["serviceAccountName"] == expected, where
+
+
+# -- the policy ConfigMap --------------------------------------------------------------------------------
+
+
+def test_policy_configmap(rendered: list[dict[str, Any]]) -> None:
+    cm = one(rendered, "ConfigMap", POLICY_CM)
+    assert cm["metadata"]["namespace"] == NS
+    assert list(cm["data"]) == ["policy.yaml"]
+    assert cm["data"]["policy.yaml"] == (BASE / "policy.yaml").read_text(encoding="utf-8")
+    yaml.safe_load(cm["data"]["policy.yaml"])
+
+
+def test_deploy_policy_is_the_default_policy() -> None:
+    source = ROOT / "policies" / "default-policy.yaml"
+    if not source.exists():
+        print("policies/default-policy.yaml does not exist yet: deploy/base/policy.yaml is a placeholder")
+        pytest.skip("policies/default-policy.yaml does not exist yet")
+    assert (BASE / "policy.yaml").read_bytes() == source.read_bytes(), (
+        "deploy/base/policy.yaml must be a byte-for-byte copy of policies/default-policy.yaml: "
+        "cp policies/default-policy.yaml deploy/base/policy.yaml"
+    )
+
+
+# -- webhooks --------------------------------------------------------------------------------------------
+
+
+def test_webhook_common_settings(rendered: list[dict[str, Any]]) -> None:
+    hooks = list(all_webhooks(rendered))
+    assert len(hooks) >= 2
+    names = [h["name"] for _, h in hooks]
+    assert len(names) == len(set(names))
+    for kind, h in hooks:
+        name = h["name"]
+        verb = "mutate" if kind.startswith("Mutating") else "validate"
+        assert name.endswith(f".{verb}.gpu-admission.io"), name
+        assert h["admissionReviewVersions"] == ["v1"], name
+        assert h["sideEffects"] in ("None", "NoneOnDryRun"), name
+        assert 1 <= h["timeoutSeconds"] <= 10, name
+        assert h["failurePolicy"] in ("Fail", "Ignore"), f"{name}: failurePolicy must be explicit"
+        assert h["matchPolicy"] == "Equivalent", name
+        assert "objectSelector" not in h, f"{name}: users write object labels; never select on them"
+        service = h["clientConfig"]["service"]
+        assert (service["namespace"], service["name"], service["path"], service.get("port", 443)) == (
+            NS, "gpu-admission", f"/{verb}", 443,
+        ), name  # fmt: skip
+        assert "url" not in h["clientConfig"], name
+        if kind.startswith("Mutating"):
+            assert h["reinvocationPolicy"] == "IfNeeded", name
+        for rule in h["rules"]:
+            assert rule.get("scope") == "Namespaced", name
+            assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], name
+            assert not any("/" in r for r in rule["resources"]), f"{name}: no subresources (status, scale)"
+
+
+def test_failure_policy_fail_closed(rendered: list[dict[str, Any]]) -> None:
+    for _, h in all_webhooks(rendered):
+        assert h["failurePolicy"] == "Fail", f"{h['name']}: the documented choice is fail-closed"
+
+
+def test_ca_bundle_is_injected_not_shipped() -> None:
+    base = docs_of("base")
+    for _, h in all_webhooks(base):
+        assert "caBundle" not in h["clientConfig"], (
+            f"{h['name']}: a caBundle in the manifest would overwrite the injected one on every apply"
+        )
+    for cfg in find(base, "MutatingWebhookConfiguration") + find(base, "ValidatingWebhookConfiguration"):
+        assert "cert-manager.io/inject-ca-from" not in (cfg["metadata"].get("annotations") or {})
+
+
+def _is_policy_webhook(hook: dict[str, Any]) -> bool:
+    return any("configmaps" in r["resources"] for r in hook["rules"])
+
+
+def _namespace_expression(hook: dict[str, Any]) -> dict[str, Any]:
+    selector = hook["namespaceSelector"]
+    assert not selector.get("matchLabels"), hook["name"]
+    (expr,) = [e for e in selector["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"]
+    return expr
+
+
+def test_namespace_selectors(rendered: list[dict[str, Any]]) -> None:
+    for _, h in all_webhooks(rendered):
+        expr = _namespace_expression(h)
+        if _is_policy_webhook(h):
+            assert (expr["operator"], expr["values"]) == ("In", [NS]), h["name"]
+            assert h["rules"] == [
+                {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+                 "operations": ["CREATE", "UPDATE", "DELETE"], "scope": "Namespaced"}
+            ]  # fmt: skip
+        else:
+            assert expr["operator"] == "NotIn", h["name"]
+            assert set(expr["values"]) >= EXCLUDED_NAMESPACES, h["name"]
+
+
+def _rules_cover(hooks: list[dict[str, Any]], group: str, resource: str, operation: str) -> bool:
+    return any(
+        group in rule["apiGroups"] and resource in rule["resources"] and operation in rule["operations"]
+        for h in hooks
+        for rule in h["rules"]
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(TEMPLATE_KINDS))
+def test_template_kinds_are_mutated_and_validated(rendered: list[dict[str, Any]], kind: str) -> None:
+    group, resource = TEMPLATE_KINDS[kind]
+    for cfg_kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        hooks = one(rendered, cfg_kind, "gpu-admission")["webhooks"]
+        assert _rules_cover(hooks, group, resource, "CREATE"), f"{cfg_kind} misses {kind} CREATE"
+        if kind != "Pod":
+            assert _rules_cover(hooks, group, resource, "UPDATE"), f"{cfg_kind} misses {kind} UPDATE"
+
+
+@pytest.mark.parametrize("kind", sorted(VALIDATE_ONLY_KINDS))
+def test_validate_only_kinds(rendered: list[dict[str, Any]], kind: str) -> None:
+    group, resource = VALIDATE_ONLY_KINDS[kind]
+    validating = one(rendered, "ValidatingWebhookConfiguration", "gpu-admission")["webhooks"]
+    mutating = one(rendered, "MutatingWebhookConfiguration", "gpu-admission")["webhooks"]
+    for op in ("CREATE", "UPDATE"):
+        assert _rules_cover(validating, group, resource, op), f"validating misses {kind} {op}"
+    assert not any(_rules_cover(mutating, group, resource, op) for op in ("CREATE", "UPDATE", "DELETE"))
+
+
+def test_pod_webhooks_skip_mirror_pods_and_create_only(rendered: list[dict[str, Any]]) -> None:
+    pod_hooks = [h for _, h in all_webhooks(rendered) if _rules_cover([h], "", "pods", "CREATE")]
+    assert len(pod_hooks) == 2
+    for h in pod_hooks:
+        assert all(r["operations"] == ["CREATE"] for r in h["rules"]), h["name"]
+        assert any(
+            "kubernetes.io/config.mirror" in c["expression"] and "!" in c["expression"] for c in h["matchConditions"]
+        ), f"{h['name']}: skip mirror pods"
+
+
+def test_gpu_workload_webhooks_have_a_gpu_condition(rendered: list[dict[str, Any]]) -> None:
+    for _, h in all_webhooks(rendered):
+        touches_workloads = any(
+            (g, r) in WORKLOAD_KINDS_RESOURCES for rule in h["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"]
+        )  # fmt: skip
+        if touches_workloads:
+            text = " ".join(c["expression"] for c in h["matchConditions"])
+            assert "'nvidia.com/'" in text and "'gpu-admission.io/gpu-memory'" in text, h["name"]
+            assert "initContainers" in text and "limits" in text and "requests" in text, h["name"]
+
+
+# -- CEL: structure --------------------------------------------------------------------------------------
+
+_STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_PATH = re.compile(r"(?<![\w.'])(object|oldObject|request|[a-z])((?:\.[A-Za-z_]\w*)+)")
+_METHODS = {"exists", "all", "exists_one", "filter", "map", "startsWith", "endsWith", "contains", "size"}
+
+
+def _strip_strings(expr: str) -> str:
+    return _STRING.sub("''", expr)
+
+
+def _paths(expr: str) -> Iterator[tuple[str, bool]]:
+    """Field-selection paths in `expr` (strings removed), each with whether it is the argument of has()."""
+    text = _strip_strings(expr)
+    for m in _PATH.finditer(text):
+        segments = m.group(2).split(".")[1:]
+        while segments and segments[-1] in _METHODS:
+            segments.pop()
+        if not segments:
+            continue
+        in_has = text[max(0, m.start() - 4) : m.start()] == "has("
+        yield ".".join([m.group(1), *segments]), in_has
+
+
+def cel_structure_errors(expr: str) -> list[str]:
+    errors: list[str] = []
+    text = _strip_strings(expr)
+    if expr.count("'") % 2:
+        errors.append("unbalanced quotes")
+    depth = {"(": 0, "[": 0, "{": 0}
+    closing = {")": "(", "]": "[", "}": "{"}
+    for ch in text:
+        if ch in depth:
+            depth[ch] += 1
+        elif ch in closing:
+            depth[closing[ch]] -= 1
+            if depth[closing[ch]] < 0:
+                errors.append(f"unbalanced {ch!r}")
+    errors += [f"unclosed {k!r}" for k, v in depth.items() if v > 0]
+    guards = set(re.findall(r"has\(([\w.]+)\)", text))
+    for root in ("object", "oldObject"):
+        first_use = re.search(rf"(?<![\w.]){root}\.", text)
+        null_test = re.search(rf"(?<![\w.]){root} [!=]= null", text)
+        if first_use and (null_test is None or null_test.start() > first_use.start()):
+            errors.append(f"{root} is used before it is tested against null (DELETE has no object)")
+    # The API server omits empty fields: request.name is absent for a create with generateName.
+    always_present = {"object.metadata", "oldObject.metadata", "request.operation", "request.uid"}
+    for path, in_has in _paths(expr):
+        parts = path.split(".")
+        # Every proper prefix below metadata must be guarded; a plain access must be guarded itself.
+        needed = [".".join(parts[:i]) for i in range(2, len(parts))]
+        if not in_has:
+            needed.append(path)
+        for prefix in needed:
+            if prefix not in always_present and prefix.count(".") >= 1 and prefix not in guards:
+                errors.append(f"{path}: no has({prefix}) guard")
+    return sorted(set(errors))
+
+
+def test_cel_conditions_are_structurally_sound(rendered: list[dict[str, Any]]) -> None:
+    for _, h in all_webhooks(rendered):
+        names = [c["name"] for c in h.get("matchConditions", [])]
+        assert len(names) == len(set(names)) <= 64, h["name"]
+        for c in h.get("matchConditions", []):
+            errors = cel_structure_errors(c["expression"])
+            assert not errors, f"{h['name']} / {c['name']}: {errors}"
+
+
+def test_cel_structure_checker_catches_mistakes() -> None:
+    assert cel_structure_errors("object != null && has(object.spec) && object.spec.x == 1")
+    assert cel_structure_errors("object.spec.containers.exists(c, true)")
+    assert cel_structure_errors("object != null && (has(object.spec)")
+    assert cel_structure_errors("request.name == 'x'")
+    assert not cel_structure_errors("object != null && has(object.spec) && has(object.spec.x) && object.spec.x")
+
+
+# -- CEL: semantics on sample objects (needs celpy) -------------------------------------------------------
+
+GPU = {"limits": {"nvidia.com/gpu": "1"}}
+MIG = {"limits": {"nvidia.com/mig-1g.10gb": "1"}}
+GPU_REQUESTS = {"requests": {"nvidia.com/gpu": "2"}}
+CPU = {"limits": {"cpu": "1", "memory": "1Gi"}}
+
+
+def _pod_template(resources: dict[str, Any] | None, *, init: bool = False, ann: bool = False) -> dict[str, Any]:
+    main = {"name": "main", "image": "x"}
+    if resources is not None and not init:
+        main["resources"] = resources
+    spec: dict[str, Any] = {"containers": [{"name": "sidecar", "image": "y", "resources": CPU}, main]}
+    if init:
+        spec["initContainers"] = [{"name": "warmup", "image": "z", "resources": resources}]
+    metadata: dict[str, Any] = {"labels": {"app": "t"}}
+    if ann:
+        metadata["annotations"] = {"gpu-admission.io/gpu-memory": "10Gi"}
+    return {"metadata": metadata, "spec": spec}
+
+
+def _obj(kind: str, spec: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": kind, "metadata": {"name": "w", "namespace": "ml", **meta}, "spec": spec}
+
+
+def _cpu_template() -> dict[str, Any]:
+    return _pod_template(CPU)
+
+
+def _kubeflow(field: str, chief: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def wrap(t: dict[str, Any]) -> dict[str, Any]:
+        replicas = {chief: {"replicas": 1, "template": _cpu_template()}, "Worker": {"replicas": 4, "template": t}}
+        return _obj("X", {field: replicas})
+
+    return wrap
+
+
+def _jobset(t: dict[str, Any]) -> dict[str, Any]:
+    driver = {"name": "driver", "template": {"spec": {"template": _cpu_template()}}}
+    workers = {"name": "workers", "replicas": 4, "template": {"spec": {"parallelism": 2, "template": t}}}
+    return _obj("JobSet", {"replicatedJobs": [driver, workers]})
+
+
+def _lws(role: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def wrap(t: dict[str, Any]) -> dict[str, Any]:
+        other = "leaderTemplate" if role == "workerTemplate" else "workerTemplate"
+        return _obj("LeaderWorkerSet", {"leaderWorkerTemplate": {"size": 4, role: t, other: _cpu_template()}})
+
+    return wrap
+
+
+def _volcano(t: dict[str, Any]) -> dict[str, Any]:
+    tasks = [{"name": "ps", "template": _cpu_template()}, {"name": "worker", "replicas": 4, "template": t}]
+    return _obj("Job", {"minAvailable": 5, "tasks": tasks})
+
+
+def _cronjob(t: dict[str, Any]) -> dict[str, Any]:
+    return _obj("CronJob", {"schedule": "@daily", "jobTemplate": {"spec": {"template": t}}})
+
+
+def _ray_cluster_spec(t: dict[str, Any], *, head: bool) -> dict[str, Any]:
+    if head:
+        return {"headGroupSpec": {"template": t}}
+    return {"headGroupSpec": {"template": _cpu_template()}, "workerGroupSpecs": [{"groupName": "g", "template": t}]}
+
+
+# family (the webhook name's first label) -> kind -> wrap(pod template) -> object of that kind
+FAMILIES: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    "pods": {"Pod": lambda t: _obj("Pod", t["spec"], **t["metadata"])},
+    "workloads": {
+        kind: (lambda t, kind=kind: _obj(kind, {"replicas": 2, "template": t}))
+        for kind in ("Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Job")
+    },
+    "cronjobs": {"CronJob": _cronjob},
+    "kubeflow": {
+        "PyTorchJob": _kubeflow("pytorchReplicaSpecs", "Master"),
+        "TFJob": _kubeflow("tfReplicaSpecs", "Chief"),
+        "MPIJob": _kubeflow("mpiReplicaSpecs", "Launcher"),
+        "XGBoostJob": _kubeflow("xgbReplicaSpecs", "Master"),
+        "PaddleJob": _kubeflow("paddleReplicaSpecs", "Master"),
+    },
+    "jobsets": {"JobSet": _jobset},
+    "leaderworkersets": {
+        "LeaderWorkerSet(worker)": _lws("workerTemplate"),
+        "LeaderWorkerSet(leader)": _lws("leaderTemplate"),
+    },
+    "volcanojobs": {"Volcano Job": _volcano},
+    "ray": {
+        "RayCluster(worker)": lambda t: _obj("RayCluster", _ray_cluster_spec(t, head=False)),
+        "RayCluster(head)": lambda t: _obj("RayCluster", _ray_cluster_spec(t, head=True)),
+        "RayJob": lambda t: _obj("RayJob", {"entrypoint": "x.py", "rayClusterSpec": _ray_cluster_spec(t, head=False)}),
+    },
+}
+
+
+def _family_of(hook: dict[str, Any]) -> str:
+    return hook["name"].split(".", 1)[0]
+
+
+def cel_cases(family: str) -> Iterator[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None, str, bool]]:
+    """(description, operation, object, oldObject, request name, expected match) for one webhook family."""
+    if family in ("horizontalpodautoscalers", "scaledobjects"):
+        spec = {"scaleTargetRef": {"kind": "Deployment", "name": "d"}, "minReplicas": 1}
+        obj = _obj("HPA", spec)
+        status_only = {**copy.deepcopy(obj), "status": {"currentReplicas": 3}}
+        finalizer = copy.deepcopy(obj)
+        finalizer["metadata"]["finalizers"] = ["finalizer.keda.sh"]
+        changed = copy.deepcopy(obj)
+        changed["spec"]["minReplicas"] = 0
+        yield "create", "CREATE", obj, None, "w", True
+        yield "update of the spec", "UPDATE", changed, obj, "w", True
+        yield "status-only update", "UPDATE", status_only, obj, "w", False
+        yield "finalizer-only update", "UPDATE", finalizer, obj, "w", False
+        return
+    if family == "policy":
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": POLICY_CM, "namespace": NS},
+              "data": {"policy.yaml": "x"}}  # fmt: skip
+        other = copy.deepcopy(cm)
+        other["metadata"]["name"] = "something-else"
+        generated = copy.deepcopy(cm)
+        generated["metadata"] = {"generateName": "gpu-admission-policy-", "namespace": NS}
+        yield "create the policy", "CREATE", cm, None, POLICY_CM, True
+        yield "update the policy", "UPDATE", cm, cm, POLICY_CM, True
+        yield "delete the policy (object is null)", "DELETE", None, cm, POLICY_CM, True
+        yield "another ConfigMap", "CREATE", other, None, "something-else", False
+        yield "delete another ConfigMap", "DELETE", None, other, "something-else", False
+        yield "generateName", "CREATE", generated, None, "", False
+        return
+    for kind, wrap in FAMILIES[family].items():
+        gpu = wrap(_pod_template(GPU))
+        yield f"{kind}: GPU limit", "CREATE", gpu, None, "w", True
+        yield f"{kind}: GPU request only", "CREATE", wrap(_pod_template(GPU_REQUESTS)), None, "w", True
+        yield f"{kind}: MIG slice", "CREATE", wrap(_pod_template(MIG)), None, "w", True
+        yield f"{kind}: GPU in an init container", "CREATE", wrap(_pod_template(GPU, init=True)), None, "w", True
+        yield f"{kind}: gpu-memory annotation only", "CREATE", wrap(_pod_template(CPU, ann=True)), None, "w", True
+        yield f"{kind}: CPU only", "CREATE", wrap(_pod_template(CPU)), None, "w", False
+        yield f"{kind}: no resources", "CREATE", wrap(_pod_template(None)), None, "w", False
+        yield f"{kind}: empty spec", "CREATE", _obj("X", {}), None, "w", False
+        if family == "pods":
+            mirror = wrap(_pod_template(GPU))
+            mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+            yield f"{kind}: mirror pod", "CREATE", mirror, None, "w", False
+            continue
+        same = copy.deepcopy(gpu)
+        finalizer = copy.deepcopy(gpu)
+        finalizer["metadata"]["finalizers"] = ["foregroundDeletion"]
+        finalizer["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        relabelled = copy.deepcopy(gpu)
+        relabelled["metadata"]["labels"] = {"gpu-admission.io/workload": "training"}
+        edited = wrap(_pod_template(GPU_REQUESTS))
+        yield f"{kind}: UPDATE, nothing changed", "UPDATE", same, gpu, "w", False
+        yield f"{kind}: UPDATE, finalizers only (GC, deletion)", "UPDATE", finalizer, gpu, "w", False
+        yield f"{kind}: UPDATE, labels changed", "UPDATE", relabelled, gpu, "w", True
+        yield f"{kind}: UPDATE, template changed", "UPDATE", edited, gpu, "w", True
+        yield f"{kind}: UPDATE to CPU only", "UPDATE", wrap(_pod_template(CPU)), gpu, "w", False
+        yield f"{kind}: DELETE (object is null)", "DELETE", None, gpu, "w", False
+
+
+def _celpy() -> Any:
+    celpy = pytest.importorskip("celpy", reason="cel-python is not installed: CEL evaluation tests skipped")
+    from celpy import celtypes
+
+    # CEL's heterogeneous equality (map != null is true), which cel-go - the API server - implements;
+    # celpy 0.5's MapType.__eq__ handles None but its __ne__ raises.
+    if not getattr(celtypes.MapType, "_gpu_admission_null_ne", False):
+        ne = celtypes.MapType.__ne__
+
+        def __ne__(self: Any, other: Any) -> Any:
+            return True if other is None else ne(self, other)
+
+        celtypes.MapType.__ne__ = __ne__  # type: ignore[method-assign]
+        celtypes.MapType._gpu_admission_null_ne = True  # type: ignore[attr-defined]
+    return celpy
+
+
+@cache
+def _program(expression: str) -> Any:
+    celpy = _celpy()
+    env = celpy.Environment()
+    return env.program(env.compile(expression))
+
+
+def _evaluate(celpy: Any, hook: dict[str, Any], op: str, obj: Any, old: Any, name: str) -> bool:
+    activation = {
+        "object": celpy.json_to_cel(obj),
+        "oldObject": celpy.json_to_cel(old),
+        # Like the API server's AdmissionRequest: empty fields are omitted (name, with generateName).
+        "request": celpy.json_to_cel({"operation": op, "namespace": "ml", **({"name": name} if name else {})}),
+    }
+    for condition in hook.get("matchConditions", []):
+        result = _program(condition["expression"]).evaluate(activation)
+        assert isinstance(result, celpy.celtypes.BoolType), f"{condition['name']} returned {result!r}"
+        if not result:
+            return False
+    return True
+
+
+def test_cel_conditions_on_sample_objects(rendered: list[dict[str, Any]]) -> None:
+    celpy = _celpy()
+    families_seen = set()
+    for _, hook in all_webhooks(rendered):
+        family = _family_of(hook)
+        families_seen.add(family)
+        cases = list(cel_cases(family))
+        assert cases, f"no sample objects for {hook['name']}"
+        for desc, op, obj, old, name, expected in cases:
+            try:
+                got = _evaluate(celpy, hook, op, obj, old, name)
+            except Exception as exc:  # an erroring condition = failurePolicy applies
+                pytest.fail(f"{hook['name']} [{desc}]: the condition errors: {exc}")
+            assert got is expected, f"{hook['name']} [{desc}]: expected {'call' if expected else 'skip'}"
+    assert families_seen >= set(FAMILIES)
+
+
+def test_cel_cases_as_json_for_the_e2e_dry_run() -> None:
+    """The sample cases serialise (the e2e suite can replay them against a real API server)."""
+    for family in [*FAMILIES, "horizontalpodautoscalers", "scaledobjects", "policy"]:
+        json.dumps(list(cel_cases(family)))
+
+
+# -- RBAC ------------------------------------------------------------------------------------------------
+
+
+def rules_of(docs: list[dict[str, Any]], sa: str) -> list[tuple[str, dict[str, Any]]]:
+    """(binding scope, rule) for every rule granted to ServiceAccount gpu-admission/<sa>."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for binding in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding"):
+        if not any(
+            s["kind"] == "ServiceAccount" and s["name"] == sa and s.get("namespace") == NS
+            for s in binding.get("subjects", [])
+        ):
+            continue
+        ref = binding["roleRef"]
+        role = one(docs, ref["kind"], ref["name"])
+        scope = binding["metadata"].get("namespace", "cluster")
+        out += [(scope, rule) for rule in role["rules"]]
+    return out
+
+
+def test_no_wildcards_or_escalation(rendered: list[dict[str, Any]]) -> None:
+    for role in find(rendered, "Role") + find(rendered, "ClusterRole"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: wildcard {field}"
+            assert not set(rule["verbs"]) & {"escalate", "bind", "impersonate", "delete", "deletecollection"}
+            assert "nonResourceURLs" not in rule
+
+
+def test_server_rbac_is_read_only(rendered: list[dict[str, Any]]) -> None:
+    rules = rules_of(rendered, SERVER_SA)
+    assert rules
+    granted: set[tuple[str, str]] = set()
+    for scope, rule in rules:
+        assert set(rule["verbs"]) <= READ_VERBS, f"server may only read: {rule}"
+        assert "secrets" not in rule["resources"], "the TLS Secret is mounted, never read through the API"
+        for g in rule["apiGroups"]:
+            granted |= {(g, r) for r in rule["resources"]}
+        if "configmaps" in rule["resources"]:
+            assert scope == NS and rule.get("resourceNames") == [POLICY_CM], rule
+    assert ("", "nodes") in granted and ("", "namespaces") in granted
+    assert ("autoscaling", "horizontalpodautoscalers") in granted and ("keda.sh", "scaledobjects") in granted
+    assert ("", "configmaps") in granted
+    allowed = {
+        ("", "nodes"), ("", "namespaces"), ("", "configmaps"), ("autoscaling", "horizontalpodautoscalers"),
+        ("keda.sh", "scaledobjects"),
+    } | WORKLOAD_KINDS_RESOURCES  # fmt: skip
+    assert granted <= allowed, f"unexpected grants: {granted - allowed}"
+    assert ("", "pods") not in granted
+
+
+def test_certs_rbac_is_minimal() -> None:
+    docs = docs_of("base")
+    rules = rules_of(docs, CERTS_SA)
+    assert rules
+    for scope, rule in rules:
+        resources = set(rule["resources"])
+        verbs = set(rule["verbs"])
+        if resources == {"secrets"}:
+            assert scope == NS
+            if verbs == {"create"}:
+                assert "resourceNames" not in rule  # create cannot be restricted by name
+            else:
+                assert verbs <= {"get", "update", "patch"} and rule["resourceNames"] == [TLS_SECRET], rule
+        else:
+            assert resources <= {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}, rule
+            assert rule["apiGroups"] == ["admissionregistration.k8s.io"] and scope == "cluster"
+            assert verbs <= {"get", "patch"} and rule["resourceNames"] == ["gpu-admission"], rule
+
+
+def test_docs_explain_every_permission(rendered: list[dict[str, Any]]) -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    for sa in (SERVER_SA, CERTS_SA):
+        for _, rule in rules_of(rendered, sa):
+            for resource in rule["resources"]:
+                assert f"`{resource}`" in text, f"docs/deploy.md: RBAC table lacks {resource}"
+
+
+# -- certificates ----------------------------------------------------------------------------------------
+
+
+def test_certs_job_and_cronjob() -> None:
+    docs = docs_of("base")
+    (script_cm,) = [d for d in find(docs, "ConfigMap") if d["metadata"]["name"].startswith(f"{CERTS_SA}-script")]
+    assert script_cm["data"]["certs.sh"] == (BASE / "certs.sh").read_text(encoding="utf-8")
+    job = one(docs, "Job", "gpu-admission-certs")
+    cron = one(docs, "CronJob", "gpu-admission-certs-rotate")
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    assert job["spec"].get("ttlSecondsAfterFinished"), "lets a later apply re-create the (immutable) Job"
+    cron_pod = cron["spec"]["jobTemplate"]["spec"]["template"]
+    for pod, mode in [(job["spec"]["template"], "bootstrap"), (cron_pod, "rotate")]:
+        spec = pod["spec"]
+        (c,) = spec["containers"]
+        assert c["command"] == ["/bin/sh", "/scripts/certs.sh", mode]
+        assert c["image"] == deployment(docs)["spec"]["template"]["spec"]["containers"][0]["image"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert volumes[mounts["/certs"]]["emptyDir"].get("medium") == "Memory"
+        assert volumes[mounts["/scripts"]]["configMap"]["name"] == script_cm["metadata"]["name"]
+        assert spec["restartPolicy"] in ("OnFailure", "Never")
+
+
+def test_certs_script_uses_only_the_cli() -> None:
+    lines = (BASE / "certs.sh").read_text(encoding="utf-8").splitlines()
+    # Commands only: comments and quoted strings (log messages) removed.
+    script = "\n".join(_STRING.sub("''", ln) for ln in lines if not ln.lstrip().startswith("#"))
+    proc = subprocess.run(["sh", "-n", str(BASE / "certs.sh")], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    for tool in ("kubectl", "curl", "wget", "openssl", "base64", "python"):
+        assert not re.search(rf"(^|[\s;|&(]){tool}\b", script, re.M), f"certs.sh must not need {tool}"
+
+
+FAKE_CLI = r"""#!/bin/sh
+# A stand-in for `gpu-admission`: logs each call, simulates the certs sub-commands.
+echo "$*" >> "$FAKE_LOG"
+[ "$2" = "$FAKE_FAIL" ] && exit 1
+case "$2" in
+  fetch)
+    out=""; prev=""
+    for a in "$@"; do [ "$prev" = "--out" ] && out="$a"; prev="$a"; done
+    case "$FAKE_SECRET" in
+      full) for f in ca.crt ca.key tls.crt tls.key ca-bundle.crt; do echo pem > "$out/$f"; done ;;
+      partial) for f in ca.crt tls.crt tls.key; do echo pem > "$out/$f"; done ;;
+    esac ;;
+  init)
+    out=""; prev=""
+    for a in "$@"; do [ "$prev" = "--out" ] && out="$a"; prev="$a"; done
+    for f in ca.crt ca.key tls.crt tls.key ca-bundle.crt; do echo pem > "$out/$f"; done ;;
+esac
+exit 0
+"""
+
+
+def _run_certs_script(tmp_path: Path, mode: str | None, secret: str, fail: str = "") -> tuple[int, list[str], Path]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "gpu-admission"
+    fake.write_text(FAKE_CLI)
+    fake.chmod(0o755)
+    log = tmp_path / "calls.log"
+    log.touch()
+    material = tmp_path / "material"
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "FAKE_LOG": str(log),
+        "FAKE_SECRET": secret,
+        "FAKE_FAIL": fail,
+        "GPU_ADMISSION_CERTS_DIR": str(material),
+    }
+    argv = ["sh", str(BASE / "certs.sh")] + ([mode] if mode else [])
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+    calls = [line.split()[1] for line in log.read_text().splitlines()]
+    return proc.returncode, calls, material
+
+
+@pytest.mark.parametrize(
+    ("mode", "secret", "fail", "rc_ok", "expected"),
+    [
+        ("bootstrap", "missing", "", True, ["fetch", "init", "secret", "inject"]),
+        ("bootstrap", "full", "", True, ["fetch", "rotate", "inject", "secret"]),
+        ("rotate", "full", "", True, ["fetch", "rotate", "inject", "secret"]),
+        ("rotate", "missing", "", False, ["fetch"]),  # only the bootstrap Job makes a CA
+        ("bootstrap", "partial", "", False, ["fetch"]),  # managed elsewhere: change nothing
+        ("bootstrap", "missing", "fetch", False, ["fetch"]),  # API error: never generate blindly
+        ("bootstrap", "missing", "init", False, ["fetch", "init"]),
+        ("rotate", "full", "inject", False, ["fetch", "rotate", "inject"]),  # trust before serve
+        (None, "full", "", False, []),
+    ],
+)
+def test_certs_script_order(
+    tmp_path: Path, mode: str | None, secret: str, fail: str, rc_ok: bool, expected: list[str]
+) -> None:
+    rc, calls, _ = _run_certs_script(tmp_path, mode, secret, fail)
+    assert (rc == 0) is rc_ok
+    assert calls == expected
+
+
+def test_certs_script_arguments(tmp_path: Path) -> None:
+    _, _, material = _run_certs_script(tmp_path, "bootstrap", "missing")
+    lines = (tmp_path / "calls.log").read_text().splitlines()
+    assert lines == [
+        f"certs fetch --name {TLS_SECRET} --namespace {NS} --out {material} --missing-ok",
+        f"certs init --service gpu-admission --namespace {NS} --out {material}",
+        f"certs secret --dir {material} --name {TLS_SECRET} --namespace {NS} --include-ca",
+        f"certs inject --ca-bundle {material}/ca-bundle.crt --webhook-name gpu-admission",
+    ]
+
+
+# -- contracts with the CLI (xfail, naming the gap, while a sub-command or flag is missing) ---------------
+
+
+def _parse_with_cli(argv: list[str]) -> str | None:
+    """None when the real `gpu-admission` parser accepts argv, else its error message."""
+    try:
+        from webhook.cli import build_parser
+    except ImportError as exc:  # pragma: no cover - the CLI root exists from the skeleton on
+        pytest.skip(f"webhook.cli not importable: {exc}")
+    try:
+        parser = build_parser()
+    except Exception as exc:  # another part's module does not import yet: not this test's business
+        pytest.skip(f"the gpu-admission CLI does not build: {exc}")
+    if argv[0] not in parser._subparsers._group_actions[0].choices:  # type: ignore[union-attr]
+        pytest.skip(f"`gpu-admission {argv[0]}` is not written yet")
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code:
+            return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {exc.code}"
+    return None
+
+
+def _certs_script_invocations() -> list[list[str]]:
+    calls: list[list[str]] = []
+    for line in (BASE / "certs.sh").read_text(encoding="utf-8").splitlines():
+        words = line.strip().split()
+        if words[:1] == ["gpu-admission"]:
+            argv = [w.strip('"').replace("$DIR", "/d").replace("$", "") for w in words[1:]]
+            calls.append(argv)
+    return calls
+
+
+def test_cli_accepts_the_server_command() -> None:
+    error = _parse_with_cli(SERVE_ARGS)
+    if error:
+        pytest.xfail(f"`gpu-admission {' '.join(SERVE_ARGS)}` is rejected ({error}); see docs/deploy.md")
+
+
+@pytest.mark.parametrize("argv", _certs_script_invocations(), ids=lambda a: " ".join(a[:2]))
+def test_cli_accepts_the_certs_script(argv: list[str]) -> None:
+    error = _parse_with_cli(argv)
+    if error:
+        pytest.xfail(f"`gpu-admission {' '.join(argv)}` is rejected ({error}); see docs/deploy.md")
+
+
+# -- the cert-manager overlay ----------------------------------------------------------------------------
+
+
+def test_overlay_replaces_the_certs_job_with_cert_manager() -> None:
+    docs = docs_of("cert-manager")
+    for kind in ("Job", "CronJob"):
+        assert not find(docs, kind)
+    assert not [d for d in docs if d["metadata"]["name"].startswith("gpu-admission-certs")]
+    assert not rules_of(docs, CERTS_SA)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        cfg = one(docs, kind, "gpu-admission")
+        assert cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NS}/gpu-admission"
+    cert = one(docs, "Certificate", "gpu-admission")
+    assert cert["metadata"]["namespace"] == NS
+    assert cert["spec"]["secretName"] == TLS_SECRET
+    assert "gpu-admission.gpu-admission.svc" in cert["spec"]["dnsNames"]
+    assert "gpu-admission.gpu-admission.svc.cluster.local" in cert["spec"]["dnsNames"]
+    assert "server auth" in cert["spec"]["usages"]
+    # The issuer chain: Certificate -> CA Issuer -> CA Certificate -> SelfSigned Issuer, all present.
+    ca_issuer = one(docs, "Issuer", cert["spec"]["issuerRef"]["name"])
+    ca_secret = ca_issuer["spec"]["ca"]["secretName"]
+    ca_cert = next(c for c in find(docs, "Certificate") if c["spec"]["secretName"] == ca_secret)
+    assert ca_cert["spec"]["isCA"] is True
+    assert ca_cert["spec"]["privateKey"]["rotationPolicy"] == "Never", "CA renewals keep old leaves valid"
+    root = one(docs, "Issuer", ca_cert["spec"]["issuerRef"]["name"])
+    assert "selfSigned" in root["spec"]
+    assert ca_secret != TLS_SECRET
+
+
+def test_overlay_keeps_everything_else() -> None:
+    base = {(d["kind"], d["metadata"]["name"]) for d in docs_of("base")}
+    overlay = {(d["kind"], d["metadata"]["name"]) for d in docs_of("cert-manager")}
+    removed = {k for k in base - overlay if not k[1].startswith("gpu-admission-certs")}
+    assert not removed, f"the overlay removed more than the certs bootstrap: {removed}"
+
+
+# -- Dockerfile ------------------------------------------------------------------------------------------
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        if full:
+            word, _, rest = full.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def stages(instructions: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    result: list[list[tuple[str, str]]] = []
+    for ins in instructions:
+        if ins[0] == "FROM":
+            result.append([])
+        if result:
+            result[-1].append(ins)
+    return result
+
+
+def dockerfile_lint(text: str) -> list[str]:
+    problems: list[str] = []
+    ins = dockerfile_instructions(text)
+    st = stages(ins)
+    if len(st) < 2:
+        return ["not a multi-stage build"]
+    images = []
+    for stage in st:
+        image = stage[0][1].split()[0]
+        images.append(image)
+        if image.lower() == "scratch":
+            continue
+        reference = image.partition("@")[0]
+        tag = reference.rpartition(":")[2] if ":" in reference.split("/")[-1] else ""
+        if not tag or tag == "latest" or not re.search(r"\d", tag):
+            problems.append(f"base image {image} is not pinned to a versioned tag")
+    final = st[-1]
+    if not any(w == "COPY" and "--from=" in a for w, a in final):
+        problems.append("final stage copies nothing from the builder")
+    users = [a for w, a in final if w == "USER"]
+    if not users:
+        problems.append("final stage has no USER")
+    else:
+        user = users[-1].split(":")[0]
+        if user in ("root", "0") or not user.isdigit() or int(user) == 0:
+            problems.append(f"USER {users[-1]} is not a numeric non-root uid")
+    for w, a in ins:
+        if w == "RUN" and re.search(r"\bpip3? install\b", a) and "--no-cache-dir" not in a:
+            problems.append(f"pip install without --no-cache-dir: {a}")
+        if w == "ADD" and re.search(r"https?://", a):
+            problems.append("ADD of a URL")
+    for w, a in final:
+        if w == "RUN" and re.search(r"\b(apt-get|apk|gcc|make)\b|pip3? install", a):
+            problems.append(f"build tooling in the final stage: {a}")
+    for key in ("ENTRYPOINT", "CMD"):
+        values = [a for w, a in final if w == key]
+        if not values:
+            problems.append(f"no {key}")
+            continue
+        try:
+            parsed = json.loads(values[-1])
+        except json.JSONDecodeError:
+            parsed = None
+        if not (isinstance(parsed, list) and all(isinstance(x, str) for x in parsed)):
+            problems.append(f"{key} is not in exec (JSON array) form")
+    env = " ".join(a for w, a in final if w == "ENV")
+    if "PYTHONDONTWRITEBYTECODE=1" not in env:
+        problems.append("PYTHONDONTWRITEBYTECODE=1 not set in the final stage")
+    if any(w == "HEALTHCHECK" for w, _ in final):
+        problems.append("HEALTHCHECK in the image: Kubernetes probes are the health check")
+    return problems
+
+
+def test_dockerfile_lint() -> None:
+    assert dockerfile_lint(DOCKERFILE.read_text(encoding="utf-8")) == []
+
+
+def test_dockerfile_lint_catches_mistakes() -> None:
+    bad = "FROM python:latest\nRUN pip install x\nUSER root\nENTRYPOINT gpu-admission serve\n"
+    problems = " ".join(dockerfile_lint(bad))
+    assert "multi-stage" in problems
+    bad2 = (
+        "FROM python:3.11-slim AS b\nRUN pip install -r r.txt\nFROM python\nCOPY --from=b /opt/venv /opt/venv\n"
+        'RUN pip install --no-cache-dir y\nUSER 0\nENTRYPOINT gpu-admission\nCMD ["serve"]\n'
+    )
+    problems = " ".join(dockerfile_lint(bad2))
+    for needle in ("not pinned", "--no-cache-dir", "build tooling", "non-root", "exec", "PYTHONDONTWRITEBYTECODE"):
+        assert needle in problems, needle
+
+
+def test_dockerfile_matches_the_deployment() -> None:
+    ins = dockerfile_instructions(DOCKERFILE.read_text(encoding="utf-8"))
+    final = stages(ins)[-1]
+    images = {stage[0][1].split()[0] for stage in stages(ins)}
+    assert len(images) == 1, "builder and final stage must share the base image (the venv links into it)"
+    assert next(iter(images)).startswith("python:3.11")
+    assert json.loads(next(a for w, a in final if w == "ENTRYPOINT")) == ["gpu-admission"]
+    assert json.loads(next(a for w, a in final if w == "CMD")) == SERVE_ARGS
+    assert ("EXPOSE", "8443") in final
+    user = next(a for w, a in final if w == "USER").split(":")[0]
+    assert int(user) == deployment(docs_of("base"))["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    copies = [a for w, a in final if w == "COPY"]
+    assert copies == ["--from=builder /opt/venv /opt/venv"], "only the venv goes into the final image"
+
+
+def test_dockerignore_keeps_the_context_small() -> None:
+    lines = [
+        ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.strip() and not ln.startswith("#")
+    ]
+    assert lines[0] == "*", "allow-list"
+    allowed = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
+    for w, a in dockerfile_instructions(DOCKERFILE.read_text(encoding="utf-8")):
+        if w == "COPY" and "--from=" not in a:
+            for source in a.split()[:-1]:
+                assert source.rstrip("/") in allowed, f"COPY {source} is excluded by .dockerignore"
+    for secret_ish in (".git", "tests", "deploy", ".venv"):
+        assert secret_ish not in allowed
+
+
+def test_requirements_lock_pins_every_dependency() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins: dict[str, str] = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        (spec,) = req.specifier
+        assert spec.operator == "==", f"{line}: exact pins only"
+        assert not req.marker and not req.extras, line
+        name = canonicalize_name(req.name)
+        assert name not in pins, f"{name} pinned twice"
+        pins[name] = spec.version
+    for dep in project["dependencies"]:
+        req = Requirement(dep)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} from pyproject.toml is not in requirements.lock"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} violates {dep}"
+    assert canonicalize_name(project["name"]) not in pins
+
+
+# -- docs ------------------------------------------------------------------------------------------------
+
+
+def test_deploy_docs_cover_the_operations() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    for heading in ("## Install", "## Upgrade", "## Uninstall", "## Emergency disable", "## Tuning", "## RBAC",
+                    "## cert-manager", "## CLI requirements"):  # fmt: skip
+        assert heading in text, heading
+    assert "kubectl delete mutatingwebhookconfiguration gpu-admission" in text
+    assert "kubectl delete validatingwebhookconfiguration gpu-admission" in text
+    uninstall = text[text.index("## Uninstall") :]
+    assert uninstall.index("webhookconfiguration") < uninstall.index("kubectl delete -k")
