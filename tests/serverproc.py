@@ -50,10 +50,18 @@ def make_certs(directory: Path) -> Path:
 
 
 class ServerProcess:
-    def __init__(self, *extra: str, tls_dir: Path | None = None, nodes: Path | None = NODES, env: Any = None):
+    def __init__(
+        self,
+        *extra: str,
+        tls_dir: Path | None = None,
+        nodes: Path | None = NODES,
+        kubeconfig: str | None = None,
+        env: Any = None,
+        port: int | None = None,
+    ):
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-srv-"))
         self.tls = tls_dir or make_certs(self.tmp / "tls")
-        self.port = free_port()
+        self.port = port or free_port()
         self.audit = self.tmp / "audit.log"
         args = [
             sys.executable,
@@ -68,10 +76,10 @@ class ServerProcess:
             str(self.tls / "tls.crt"),
             "--tls-key",
             str(self.tls / "tls.key"),
-            "--no-kube",
             "--audit-file",
             str(self.audit),
         ]
+        args += ["--kubeconfig", kubeconfig] if kubeconfig else ["--no-kube"]
         if nodes is not None:
             args += ["--nodes", str(nodes)]
         self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - closed in stop()
@@ -86,14 +94,14 @@ class ServerProcess:
         verify = ssl.create_default_context(cafile=self.ca)
         return httpx.Client(base_url=self.url, verify=verify, timeout=kw.pop("timeout", 30.0), **kw)
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
+    def wait_ready(self, timeout: float = 20.0, path: str = "/healthz") -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 with self.client(timeout=1.0) as c:
-                    if c.get("/healthz").status_code == 200:
+                    if c.get(path).status_code == 200:
                         return
             except httpx.HTTPError:
                 pass
