@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -17,6 +19,12 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = ROOT / "examples" / "cluster" / "nodes.yaml"
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: a test run that dies must not leave servers behind (Linux prctl)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -84,7 +92,11 @@ class ServerProcess:
             args += ["--nodes", str(nodes)]
         self.stderr = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [*args, *extra], stdout=subprocess.DEVNULL, stderr=self.stderr, env=env or os.environ.copy()
+            [*args, *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+            env=env or os.environ.copy(),
+            preexec_fn=_die_with_parent,
         )
         self.url = f"https://127.0.0.1:{self.port}"
         self.ca = str(self.tls / "ca-bundle.crt")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.e2e import crds
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.webhook import NAMESPACE, POLICY_CONFIGMAP, Webhook
 from tests.serverproc import ROOT
@@ -214,37 +215,12 @@ def test_warnings_are_printed_and_dry_run_is_recorded(
 
 # --- workload kinds with pod templates ------------------------------------------------------------------
 
-PYTORCHJOB_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "pytorchjobs.kubeflow.org"},
-    "spec": {
-        "group": "kubeflow.org",
-        "names": {
-            "kind": "PyTorchJob",
-            "plural": "pytorchjobs",
-            "singular": "pytorchjob",
-            "listKind": "PyTorchJobList",
-        },
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-            }
-        ],
-    },
-}
-
 
 def test_workload_templates_are_mutated_and_denied_at_apply(
     control_plane: ControlPlane, webhook: Webhook, namespace: str
 ) -> None:
     cp = control_plane
-    cp.kubectl("apply", "-f", "-", input=PYTORCHJOB_CRD)
-    cp.kubectl("wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=30s")
+    crds.install(cp)
     tpl = {"spec": {"containers": [gpu_container(8)]}}
     job = {
         "apiVersion": "kubeflow.org/v1",

@@ -1,0 +1,257 @@
+"""Property tests of the engine: the patch turns the original into the mutated object, a second pass is a
+no-op, fields we do not own survive, and no JSON input makes it raise."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import jsonpatch
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies import inventory as inventory_mod
+from policies.document import compile_policy, default_policy, default_policy_text
+from policies.engine import ReviewContext, review
+from policies.patch import diff
+from tests.serverproc import NODES
+
+POLICY = default_policy()
+INVENTORY = inventory_mod.build(yaml.safe_load(NODES.read_text())["items"], POLICY)
+# A policy with every optional mutation switched on, so the properties cover them too.
+_doc = yaml.safe_load(default_policy_text())
+_doc["gpuNodes"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+_doc["training"].update(schedulerName="volcano", priorityClassName="training", queue={"system": "kueue", "name": "q"})
+FULL = compile_policy(_doc)
+
+json_scalars = (
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+label_keys = st.sampled_from(
+    [
+        "app",
+        "training.kubeflow.org/job-name",
+        "batch.kubernetes.io/job-completion-index",
+        "jobset.sigs.k8s.io/jobset-name",
+        "gpu-admission.io/workload",
+        "gpu-admission.io/job",
+        "kueue.x-k8s.io/queue-name",
+    ]
+)
+label_values = st.sampled_from(["training", "inference", "batch", "job-a", "0", "q", "bogus"])
+annotation = st.just({"gpu-admission.io/gpu-memory": "10Gi"}) | st.dictionaries(
+    st.sampled_from(
+        ["gpu-admission.io/gpu-memory", "gpu-admission.io/latency", "gpu-admission.io/job-gpus", "note/x.y~z"]
+    ),
+    st.sampled_from(["10Gi", "20G", "80Gi", "online", "offline", "16", "ten", ""]),
+    max_size=3,
+)
+resources = st.sampled_from([{"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": 1}]) | st.dictionaries(
+    st.sampled_from(
+        ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "cpu"]
+    ),
+    st.sampled_from(["1", "2", "8", 1, 4, "x"]),
+    max_size=2,
+)
+
+
+@st.composite
+def containers(draw: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": draw(st.sampled_from(["a", "b"])), "image": "img"}
+    limits = draw(resources)
+    if limits:
+        c["resources"] = {"limits": limits}
+        if draw(st.booleans()):
+            c["resources"]["requests"] = dict(limits)
+    if draw(st.booleans()):
+        c["x-unknown"] = draw(json_values)
+    return c
+
+
+@st.composite
+def pod_specs(draw: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": draw(st.lists(containers(), min_size=1, max_size=3))}
+    if draw(st.booleans()):
+        spec["nodeSelector"] = draw(
+            st.dictionaries(
+                st.sampled_from(
+                    ["topology.kubernetes.io/rack", "nvidia.com/gpu.sharing-strategy", "kubernetes.io/hostname"]
+                ),
+                st.sampled_from(["rack-a", "time-slicing", "l4-ts-1", "none"]),
+                max_size=2,
+            )
+        )
+    if draw(st.booleans()):
+        spec["affinity"] = draw(
+            st.sampled_from(
+                [
+                    None,
+                    {},
+                    {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "rack"}]}},
+                    {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                                ]
+                            }
+                        }
+                    },
+                ]
+            )
+        )
+    if draw(st.booleans()):
+        spec["topologySpreadConstraints"] = [{"maxSkew": 2, "topologyKey": "kubernetes.io/hostname"}]
+    if draw(st.booleans()):
+        spec["x-future-field"] = draw(json_values)
+    return spec
+
+
+@st.composite
+def metadata(draw: Any, name: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "labels": draw(st.dictionaries(label_keys, label_values, max_size=3)),
+        "annotations": draw(annotation),
+    }
+    if name:
+        meta["name"] = draw(st.sampled_from(["llama", "web", "job-a"]))
+        meta["namespace"] = "ml"
+    if draw(st.booleans()):
+        meta["ownerReferences"] = [{"kind": draw(st.sampled_from(["ReplicaSet", "Job", "PyTorchJob"])), "name": "o"}]
+    return meta
+
+
+@st.composite
+def workloads(draw: Any) -> dict[str, Any]:
+    template = {"metadata": draw(metadata(name=False)), "spec": draw(pod_specs())}
+    kind = draw(st.sampled_from(["Pod", "Deployment", "Job", "PyTorchJob", "JobSet", "LeaderWorkerSet", "VolcanoJob"]))
+    meta = draw(metadata())
+    if kind == "Pod":
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
+    if kind == "Deployment":
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": draw(st.integers(1, 4)),
+                "selector": {"matchLabels": {"app": "x"}},
+                "template": template,
+            },
+        }
+    if kind == "Job":
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta,
+            "spec": {"parallelism": draw(st.integers(1, 4)), "template": template},
+        }
+    if kind == "PyTorchJob":
+        spec: dict[str, Any] = {
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": template},
+                "Worker": {"replicas": draw(st.integers(0, 3)), "template": copy.deepcopy(template)},
+            }
+        }
+        return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta, "spec": spec}
+    if kind == "JobSet":
+        return {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": meta,
+            "spec": {
+                "replicatedJobs": [
+                    {"name": "w", "replicas": 2, "template": {"spec": {"parallelism": 2, "template": template}}}
+                ]
+            },
+        }
+    if kind == "LeaderWorkerSet":
+        return {
+            "apiVersion": "leaderworkerset.x-k8s.io/v1",
+            "kind": "LeaderWorkerSet",
+            "metadata": meta,
+            "spec": {"replicas": 2, "leaderWorkerTemplate": {"size": 2, "workerTemplate": template}},
+        }
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {"minAvailable": 2, "tasks": [{"name": "w", "replicas": 2, "template": template}]},
+    }
+
+
+def wire(obj: Any) -> Any:
+    """As the API server sends it: JSON text parsed anew (hypothesis may share one dict in two places)."""
+    return json.loads(json.dumps(obj))
+
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(obj=workloads(), full=st.booleans())
+def test_patch_applies_to_the_original_and_yields_the_mutated_object(obj: dict[str, Any], full: bool) -> None:
+    obj = wire(obj)
+    original = wire(obj)
+    r = review(obj, policy=FULL if full else POLICY, inventory=INVENTORY)
+    assert obj == original, "the engine must not edit its input"
+    patched = jsonpatch.apply_patch(original, list(r.patch))
+    assert patched == r.object
+    for op in r.patch:
+        assert op["op"] in ("add", "remove", "replace")
+
+
+@SETTINGS
+@given(obj=workloads(), full=st.booleans())
+def test_second_pass_is_a_no_op(obj: dict[str, Any], full: bool) -> None:
+    policy = FULL if full else POLICY
+    obj = wire(obj)
+    first = review(obj, policy=policy, inventory=INVENTORY)
+    second = review(first.object, policy=policy, inventory=INVENTORY)
+    assert second.patch == () and second.mutations == ()
+
+
+@SETTINGS
+@given(obj=workloads())
+def test_unknown_fields_survive(obj: dict[str, Any]) -> None:
+    obj = wire(obj)
+    obj["x-top"] = {"a": [1, {"b": None}]}
+    obj.setdefault("metadata", {})["x-meta"] = "kept"
+    r = review(obj, policy=FULL, inventory=INVENTORY)
+    assert r.object["x-top"] == {"a": [1, {"b": None}]} and r.object["metadata"]["x-meta"] == "kept"
+    assert not [op for op in r.patch if op["op"] == "remove" and "nvidia.com" not in op["path"]]
+
+
+@settings(max_examples=500, deadline=None)
+@given(obj=json_values, labels=st.none() | st.dictionaries(st.text(max_size=30), st.text(max_size=10), max_size=2))
+def test_arbitrary_json_never_raises(obj: Any, labels: dict[str, str] | None) -> None:
+    r = review(obj, policy=FULL, inventory=INVENTORY, ctx=ReviewContext(namespace_labels=labels))
+    assert isinstance(r.allowed, bool)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from(["Pod", "Deployment", "PyTorchJob", "HorizontalPodAutoscaler", "ScaledObject", "Job"]),
+    body=st.dictionaries(st.sampled_from(["metadata", "spec", "status"]), json_values, max_size=3),
+)
+def test_known_kinds_with_garbage_bodies_never_raise(kind: str, body: dict[str, Any]) -> None:
+    obj = {"apiVersion": "v1", "kind": kind, **body}
+    r = review(obj, policy=FULL, inventory=INVENTORY, ctx=ReviewContext(resolve=lambda *_: obj))
+    assert not [x for x in r.results if x.outcome == "error"], r.results
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=json_values, b=json_values)
+def test_diff_is_a_correct_json_patch(a: Any, b: Any) -> None:
+    ops = diff(a, b)
+    if ops:
+        assert jsonpatch.apply_patch(copy.deepcopy(a), ops) == b
+    else:
+        assert type(a) is type(b) and a == b
