@@ -1,0 +1,281 @@
+"""Golden cases: every YAML file under tests/cases/ is one object in, the expected verdict (and object) out.
+
+The format is described in tests/cases/README.md. Besides each case's own expectations, every case checks
+the engine's contracts (spec §5, §6):
+- the RFC 6902 patch, applied to the input with the `jsonpatch` library, gives exactly `review.object`;
+- a second review of the mutated object adds nothing (empty patch, no mutation) and reaches the same verdict;
+- denial messages are one line that starts with the rule id and says how to fix it; warnings are one short line.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+
+from policies import inventory as inventory_mod
+from policies.document import MUTATION_IDS, RULE_IDS, Policy, compile_policy, default_policy_text
+from policies.engine import WARNING_LIMIT, Review, ReviewContext, review
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = Path(__file__).resolve().parent / "cases"
+DEFAULT_NODES = "examples/cluster/nodes.yaml"
+FOLDERS = ("mutations", "rules", "kinds", "bad-input", "namespaces", "elasticity")
+
+CASE_KEYS = frozenset({"description", "nodes", "policy", "namespaceLabels", "related", "input", "expect", "xfail"})
+EXPECT_KEYS = frozenset(
+    {
+        "allowed",
+        "workload",
+        "denials",
+        "warnings",
+        "audited",
+        "mutations",
+        "object",
+        "messageContains",
+        "warningsContain",
+    }
+)
+
+
+def case_files() -> list[Path]:
+    return sorted(p for p in CASES.rglob("*.yaml") if p.is_file())
+
+
+def case_id(path: Path) -> str:
+    return path.relative_to(CASES).with_suffix("").as_posix()
+
+
+def load_case(path: Path) -> dict[str, Any]:
+    case = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert isinstance(case, dict), f"{path}: a case is a mapping"
+    unknown = set(case) - CASE_KEYS
+    assert not unknown, f"{path}: unknown case keys {sorted(unknown)}"
+    assert isinstance(case.get("description"), str) and case["description"].strip(), f"{path}: needs a description"
+    assert "input" in case, f"{path}: needs an input"
+    expect = case.get("expect")
+    assert isinstance(expect, dict) and isinstance(expect.get("allowed"), bool), f"{path}: expect.allowed is required"
+    unknown = set(expect) - EXPECT_KEYS
+    assert not unknown, f"{path}: unknown expect keys {sorted(unknown)}"
+    return case
+
+
+def _params() -> list[Any]:
+    params = []
+    for path in case_files():
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError:
+            raw = None  # reported by the case's own test
+        reason = raw.get("xfail") if isinstance(raw, dict) else None
+        marks = [pytest.mark.xfail(reason=str(reason), strict=True)] if reason else []
+        params.append(pytest.param(path, id=case_id(path), marks=marks))
+    return params
+
+
+# --- building what a case decides with ------------------------------------------------------------------
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """Mappings merge key by key; anything else (lists, scalars) in the override replaces the base."""
+    if isinstance(base, Mapping) and isinstance(override, Mapping):
+        out = dict(base)
+        for key, value in override.items():
+            out[key] = deep_merge(base[key], value) if key in base else value
+        return out
+    return override
+
+
+@functools.cache
+def _default_document() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(default_policy_text())
+    return doc
+
+
+def policy_for(overrides: Any) -> Policy:
+    doc = deep_merge(copy.deepcopy(_default_document()), overrides or {})
+    return compile_policy(doc)
+
+
+@functools.cache
+def _node_objects(nodes: str) -> tuple[Any, ...]:
+    if nodes == "none":
+        return ()
+    docs = [d for d in yaml.safe_load_all((ROOT / nodes).read_text(encoding="utf-8")) if d]
+    out: list[Any] = []
+    for d in docs:
+        out.extend(d["items"] if d.get("kind") == "List" else [d])
+    return tuple(out)
+
+
+def inventory_for(nodes: Any, policy: Policy) -> inventory_mod.Inventory:
+    """`nodes` is a file (relative to the repository), "none", or a list of Node objects written in the case."""
+    objects = nodes if isinstance(nodes, list) else list(_node_objects(str(nodes)))
+    return inventory_mod.build(copy.deepcopy(objects), policy)
+
+
+def resolver(related: list[Any]) -> Callable[[str, str, str], dict[str, Any] | None]:
+    """Targets of HPAs / ScaledObjects, looked up like `check` does in its input set."""
+    index: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for obj in related:
+        meta = obj.get("metadata") or {}
+        index[(str(obj.get("kind")), str(meta.get("namespace") or "default"), str(meta.get("name")))] = obj
+
+    def resolve(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        found = index.get((kind, namespace or "default", name))
+        return copy.deepcopy(found) if found is not None else None
+
+    return resolve
+
+
+def run_case(case: dict[str, Any], obj: Any) -> tuple[Review, Policy, inventory_mod.Inventory, ReviewContext]:
+    policy = policy_for(case.get("policy"))
+    inv = inventory_for(case.get("nodes", DEFAULT_NODES), policy)
+    ctx = ReviewContext(namespace_labels=case.get("namespaceLabels"), resolve=resolver(case.get("related") or []))
+    return review(obj, policy=policy, inventory=inv, ctx=ctx), policy, inv, ctx
+
+
+# --- reading a review -----------------------------------------------------------------------------------
+
+KNOWN_IDS = frozenset(RULE_IDS) | frozenset(MUTATION_IDS)
+
+
+def warning_rule(warning: str) -> str | None:
+    head, sep, _ = warning.partition(": ")
+    return head if sep and head in KNOWN_IDS else None
+
+
+def summary(r: Review) -> str:
+    lines = [f"allowed={r.allowed} workload={r.workload} mutations={list(r.mutations)}"]
+    lines += [f"  deny: {d.message}" for d in r.denials]
+    lines += [f"  warn: {w}" for w in r.warnings]
+    return "\n".join(lines)
+
+
+def containers_by_id(value: Any, seen: dict[int, int]) -> dict[int, int]:
+    """id() -> number of places of every dict and list inside a JSON value."""
+    if isinstance(value, dict | list):
+        seen[id(value)] = seen.get(id(value), 0) + 1
+        for item in value.values() if isinstance(value, dict) else value:
+            containers_by_id(item, seen)
+    return seen
+
+
+def assert_no_aliasing(r: Review) -> None:
+    """The mutated object is a tree (a mapping or list shared by two places would print as a YAML anchor, and
+    editing one place would silently edit the other), and the patch owns its values."""
+    in_object = containers_by_id(r.object, {})
+    shared = sum(1 for n in in_object.values() if n > 1)
+    assert not shared, f"review.object shares {shared} mapping(s) or list(s) between two places"
+    in_patch = containers_by_id([op.get("value") for op in r.patch], {})
+    both = len(in_patch.keys() & in_object.keys())
+    assert not both, f"{both} patch value(s) are the same Python objects as parts of review.object"
+
+
+# --- the test -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", _params())
+def test_case(path: Path) -> None:
+    case = load_case(path)
+    expect = case["expect"]
+    original = copy.deepcopy(case["input"])
+    r, policy, inv, ctx = run_case(case, case["input"])
+    got = summary(r)
+
+    assert case["input"] == original, "the engine must not modify its input"
+    assert r.allowed is expect["allowed"], got
+    if "workload" in expect:
+        assert r.workload == expect["workload"], got
+    assert sorted({d.rule for d in r.denials}) == sorted(set(expect.get("denials") or [])), got
+    assert sorted({w for w in map(warning_rule, r.warnings) if w}) == sorted(set(expect.get("warnings") or [])), got
+    others = [w for w in r.warnings if warning_rule(w) is None]
+    wanted = list(expect.get("warningsContain") or [])
+    for w in others:
+        assert any(s in w for s in wanted), f"unexpected warning {w!r} (list a substring in warningsContain)\n{got}"
+    for s in wanted:
+        assert any(s in w for w in r.warnings), f"no warning contains {s!r}\n{got}"
+    audited = {res.rule for res in r.results if res.outcome == "audit"}
+    assert sorted(audited) == sorted(set(expect.get("audited") or [])), f"audited: {sorted(audited)}\n{got}"
+    assert sorted(r.mutations) == sorted(set(expect.get("mutations") or [])), got
+    assert len(r.mutations) == len(set(r.mutations)), got
+    if "object" in expect:
+        assert r.object == expect["object"], yaml.safe_dump(r.object, sort_keys=False)
+    message = r.denial_message()
+    for s in expect.get("messageContains") or []:
+        assert s in message, f"denial message lacks {s!r}: {message!r}"
+
+    # One line per denial: the rule id, what was found, how to fix it. Warnings: one short line.
+    for d in r.denials:
+        assert "\n" not in d.message and "\r" not in d.message, d.message
+        assert d.message.startswith(f"{d.rule}: "), d.message
+        assert "Fix: " in d.message, d.message
+    assert "\n" not in message
+    for w in r.warnings:
+        assert "\n" not in w and "\r" not in w and len(w) <= WARNING_LIMIT, w
+
+    assert_no_aliasing(r)
+
+    # The patch applies cleanly to the original and gives exactly the mutated object.
+    if isinstance(original, dict):
+        patched = jsonpatch.apply_patch(copy.deepcopy(original), copy.deepcopy(list(r.patch)), in_place=False)
+        assert patched == r.object, "patch applied to the input differs from review.object"
+        if not r.mutations:
+            assert r.patch == () and r.object == original, "no mutation reported, yet the object changed"
+
+        # A second pass over the mutated object adds nothing and reaches the same verdict.
+        mutated = copy.deepcopy(r.object)
+        again = review(mutated, policy=policy, inventory=inv, ctx=ctx)
+        assert again.patch == (), f"second pass patched: {list(again.patch)}"
+        assert again.mutations == (), f"second pass mutated: {list(again.mutations)}"
+        assert again.allowed is r.allowed, summary(again)
+        assert {d.rule for d in again.denials} == {d.rule for d in r.denials}, summary(again)
+
+
+# --- the cases cover the contract -------------------------------------------------------------------------
+
+
+def _all_cases() -> list[tuple[Path, dict[str, Any]]]:
+    return [(p, load_case(p)) for p in case_files()]
+
+
+def test_cases_are_grouped_in_the_documented_folders() -> None:
+    files = case_files()
+    assert files, "no golden cases found"
+    for path in files:
+        assert path.relative_to(CASES).parts[0] in FOLDERS, f"{path}: not in one of {FOLDERS}"
+    for folder in FOLDERS:
+        assert any(p.relative_to(CASES).parts[0] == folder for p in files), f"no case in {folder}/"
+
+
+def test_every_mutation_is_shown_applied() -> None:
+    applied: set[str] = set()
+    for _, case in _all_cases():
+        if not case.get("xfail"):
+            applied.update(case["expect"].get("mutations") or [])
+    assert sorted(set(MUTATION_IDS) - applied) == [], "mutations no case shows applied"
+
+
+def test_every_rule_is_shown_firing() -> None:
+    fired: set[str] = set()
+    for _, case in _all_cases():
+        if not case.get("xfail"):
+            fired.update(case["expect"].get("denials") or [])
+            fired.update(case["expect"].get("warnings") or [])
+    assert sorted(set(RULE_IDS) - fired) == [], "rules no case shows denying or warning"
+
+
+def test_every_rule_is_shown_denying() -> None:
+    """Rules that only warn by default (training-topology-scheduler, training-queue-priority) need a case with
+    a policy override that enforces them."""
+    denied: set[str] = set()
+    for _, case in _all_cases():
+        if not case.get("xfail"):
+            denied.update(case["expect"].get("denials") or [])
+    assert sorted(set(RULE_IDS) - denied) == [], "rules no case shows denying"
