@@ -116,7 +116,12 @@ def review(
     subject = build(work, policy, inventory, ctx)
     elastic = kind in ELASTICITY_KINDS
     if not elastic and not subject.gpu_pods:
-        return _untouched(obj, kind, policy)  # no GPU asked: allowed untouched, empty patch
+        if not any(p.keys.errors for p in subject.pods):
+            return _untouched(obj, kind, policy)  # no GPU asked: allowed untouched, empty patch
+        # No GPU, but a misspelled gpu-admission.io/ key (often a GPU ask that never happened): never ignore it.
+        mutate, only = False, frozenset({"gpu-admission-annotations"})
+    else:
+        only = None
 
     results: list[RuleResult] = []
     denials: list[Finding] = []
@@ -148,7 +153,7 @@ def review(
                 results.append(RuleResult(m.id, "mutate", "applied"))
 
     for rule in RULES if validate else ():
-        if elastic and not rule.elasticity:
+        if (elastic and not rule.elasticity) or (only is not None and rule.id not in only):
             continue
         action = _cap(policy.rules.get(rule.id, "enforce"), mode)
         if action == "off":
@@ -178,6 +183,8 @@ def review(
     if inventory.warnings and any(r.outcome in ("deny", "warn") and "rack" in r.rule for r in results):
         warnings.append(short(inventory.warnings[0]))
     patch = tuple(diff(obj, work)) if mutate and work is not obj else ()
+    if only is not None:
+        work = obj
     allowed = not denials and not failed_closed
     return Review(
         kind=kind,

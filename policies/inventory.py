@@ -73,6 +73,7 @@ class Inventory:
     max_whole_gpus: int
     max_memory_bytes: int
     warnings: tuple[str, ...]
+    max_rack_gpus: int = 0  # whole-card GPUs in the largest rack (0: no rack label)
 
     @property
     def empty(self) -> bool:
@@ -267,7 +268,16 @@ def build(nodes: Iterable[Any], policy: Policy) -> Inventory:
         max_whole_gpus=max((n.whole_gpus for n in final if n.whole_card), default=0),
         max_memory_bytes=max((o.memory_bytes for n in final for o in n.offers), default=0),
         warnings=tuple(warnings),
+        max_rack_gpus=_largest_rack(final),
     )
+
+
+def _largest_rack(nodes: tuple[GpuNode, ...]) -> int:
+    per_rack: dict[str, int] = {}
+    for n in nodes:
+        if n.rack and n.whole_card:
+            per_rack[n.rack] = per_rack.get(n.rack, 0) + n.whole_gpus
+    return max(per_rack.values(), default=0)
 
 
 def empty(policy: Policy) -> Inventory:

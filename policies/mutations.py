@@ -200,6 +200,10 @@ def training_pool(s: Subject, p: Pod) -> bool:
     if p.workload != "training" or p.keys.gpu_memory is not None or GPU not in p.ask.resource_names():
         return False
     pool = s.policy.pool(s.policy.training_pool) if s.policy.training_pool else None
+    if pool is None:
+        cands = [n for n in s.inventory.candidates(p.pod) if n.offer(GPU)]
+        if cands and not any(n.whole_card for n in cands):
+            return False  # pinned to shared/MIG nodes on purpose: adding whole-card affinity would strand it
     if pool is not None:
         exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(pool.node_selector.items())]
         return add_node_expressions(p.pod, exprs)
@@ -224,6 +228,8 @@ def training_rack(s: Subject, p: Pod) -> bool:
         return False
     if not p.ask.asks_gpu or s.job.key is None or s.job.value is None or has_rack_constraint(s, p):
         return False
+    if larger_than_any_rack(s):
+        return False  # it cannot fit in one rack: a required same-rack affinity would strand it Pending
     changed = _ensure_job_label(s, p)
     term = {
         "labelSelector": {"matchLabels": {s.job.key: s.job.value}},
@@ -233,6 +239,12 @@ def training_rack(s: Subject, p: Pod) -> bool:
         _add_to_list(p.pod, ("affinity", "podAffinity", "requiredDuringSchedulingIgnoredDuringExecution"), term)
         or changed
     )
+
+
+def larger_than_any_rack(s: Subject) -> bool:
+    """A job of more whole GPUs than the largest rack holds (when its size and the racks are known)."""
+    inv = s.inventory
+    return s.job.gpus_known and inv.max_rack_gpus > 0 and s.job.gpus > inv.max_rack_gpus
 
 
 def training_node_pack(s: Subject, p: Pod) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 from policies import comm
 from policies.classify import classify
 from policies.inventory import GpuNode
-from policies.mutations import has_queue, has_rack_constraint
+from policies.mutations import has_queue, has_rack_constraint, larger_than_any_rack
 from policies.quantity import format_bytes
 from policies.resources import GPU, is_mig, is_shared, pod_ask
 from policies.subject import Pod, Subject, meta_map
@@ -62,6 +62,8 @@ def training_same_rack(s: Subject) -> list[Violation]:
     pods = _training_pods(s)
     if not pods or not s.job.multi_pod:
         return []
+    if larger_than_any_rack(s) or (s.inventory.empty and not s.inventory.rack_label):
+        return []  # cannot be met in one rack / nothing known to place by: training-topology-scheduler speaks
     missing = [p for p in pods if not has_rack_constraint(s, p)]
     if not missing:
         return []
@@ -187,8 +189,8 @@ def training_queue_priority(s: Subject) -> list[Violation]:
     """Checklist 2: training is queued and prioritised. Flags training with neither a queue label nor a
     priorityClassName."""
     pods = _training_pods(s)
-    if not pods:
-        return []
+    if not pods or (s.kind == "Pod" and _controller_owned(s.obj)):
+        return []  # a controller's pod: the queue and priority were judged on its workload at apply time
     for p in pods:
         if not has_queue(s, p) and not p.spec.get("priorityClassName"):
             return [
@@ -198,6 +200,12 @@ def training_queue_priority(s: Subject) -> list[Violation]:
                 )
             ]
     return []
+
+
+def _controller_owned(obj: Json) -> bool:
+    meta = obj.get("metadata")
+    owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    return isinstance(owners, list) and any(isinstance(o, dict) and o.get("controller") is True for o in owners)
 
 
 def _pinned_shared(s: Subject, p: Pod) -> bool:
@@ -361,6 +369,16 @@ def gpu_admission_annotations(s: Subject) -> list[Violation]:
     """Users asked for rejections rather than silently ignored annotations: denies an unknown
     `gpu-admission.io/` key or a value that does not parse."""
     errors = sorted({e for p in s.pods for e in p.keys.errors})
+    for p in s.pods:
+        if (
+            p.keys.gpu_memory is not None
+            and p.ask.asks_gpu
+            and not any(len(c.amounts) == 1 and next(iter(c.amounts.values())) == 1 for c in p.ask.containers)
+        ):
+            errors.append(
+                f"annotation gpu-admission.io/gpu-memory on {p.template.role} has no effect: it applies to a "
+                f"container asking exactly one nvidia.com/gpu"
+            )
     if errors:
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         return [Violation(errors[0] + more, "fix or remove the key (see docs/policy.md for the keys)")]

@@ -100,6 +100,12 @@ def run(args: argparse.Namespace) -> int:
     def resolve(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return index.get((kind, namespace or "default", name))
 
+    if inv.empty:
+        print(
+            "gpu-admission: warning: no GPU inventory (--nodes or policy pools): rack placement, sizes and MIG "
+            "profiles are not checked",
+            file=sys.stderr,
+        )
     for w in inv.warnings:
         print(f"gpu-admission: warning: {w}", file=sys.stderr)
     out = []

@@ -56,11 +56,13 @@ def _default(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    try:
-        old = parse_policy_text(_read(args.old))
-        new = parse_policy_text(_read(args.new))
-    except PolicyError as exc:
-        raise UsageError(str(exc)) from None
+    policies = []
+    for path in (args.old, args.new):
+        try:
+            policies.append(parse_policy_text(_read(path)))
+        except PolicyError as exc:
+            raise UsageError(f"{path}: {exc}") from None
+    old, new = policies
     lines = describe_changes(old, new)
     if not lines:
         print("no change in behaviour")
