@@ -4,12 +4,14 @@
                  [--rsa-bits 2048|3072] [--days N] [--ca-days N] [--cluster-domain D] [--force]
     certs rotate --dir DIR [--renew-before 30d] [--ca-renew-before 90d] [--force] [--force-ca] [--days N]
     certs inject --ca-bundle FILE --webhook-name NAME [NAME ...] [--kubeconfig K] [--context C]
-    certs secret --dir DIR --name N --namespace NS [--kubeconfig K] [--context C] [--print]
+    certs secret --dir DIR --name N --namespace NS [--include-ca] [--kubeconfig K] [--context C] [--print]
+    certs fetch  --name N --namespace NS --out DIR [--missing-ok] [--force] [--kubeconfig K] [--context C]
     certs show   --dir DIR [--json]
 
-Exit codes: 0 done; 1 the chain does not verify or the certificate expired (`show`), or the API server
-refused (`inject`, `secret`); 2 bad input, one line on stderr. Private keys are never printed, except inside
-the Secret manifest that `secret --print` writes to stdout on request.
+Exit codes: 0 done; 1 the chain does not verify or the certificate expired (`show`), the API server refused
+or could not be reached (`inject`, `secret`, `fetch`), or the Secret is missing (without `--missing-ok`) or
+unusable (`fetch`); 2 bad input, one line on stderr. Private keys are never printed, except inside the Secret
+manifest that `secret --print` writes to stdout on request.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ _DURATION = re.compile(r"^(\d+)\s*([wdhms]?)$")
 _UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds", "": "days"}
 _MAX_DAYS = 36500
 _KUBECONFIG_HELP = "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,7 +98,7 @@ def _left(moment: datetime) -> str:
 
 
 def _no_subcommand(args: argparse.Namespace) -> int:
-    raise UsageError("certs needs a sub-command: init, rotate, inject, secret or show")
+    raise UsageError("certs needs a sub-command: init, rotate, inject, secret, fetch or show")
 
 
 # -- handlers --------------------------------------------------------------------------------------------
@@ -203,6 +206,11 @@ def _client(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
 
 
+def _api_error(exc: object) -> int:
+    print(f"gpu-admission: error: {exc}", file=sys.stderr)
+    return 1
+
+
 def cmd_inject(args: argparse.Namespace) -> int:
     from certs.publish import inject_ca_bundle, read_bundle_bytes
     from webhook.kubeclient import KubeError
@@ -217,8 +225,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
     except CertError as exc:
         raise UsageError(str(exc)) from None
     except KubeError as exc:
-        print(f"gpu-admission: error: {exc}", file=sys.stderr)
-        return 1
+        return _api_error(exc)
     finally:
         client.close()
     for result in results:
@@ -229,16 +236,20 @@ def cmd_inject(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_secret(args: argparse.Namespace) -> int:
+def _check_secret_name(name: str, namespace: str) -> None:
     from certs.authority import validate_namespace
 
+    validate_namespace(namespace)
+    if not _SECRET_NAME.match(name):
+        raise CertError(f"invalid Secret name {name!r}")
+
+
+def cmd_secret(args: argparse.Namespace) -> int:
     try:
-        validate_namespace(args.namespace)
-        if not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", args.name):
-            raise CertError(f"invalid Secret name {args.name!r}")
+        _check_secret_name(args.name, args.namespace)
         from certs.publish import tls_secret
 
-        secret = tls_secret(args.dir, name=args.name, namespace=args.namespace)
+        secret = tls_secret(args.dir, name=args.name, namespace=args.namespace, include_ca=args.include_ca)
     except CertError as exc:
         raise UsageError(str(exc)) from None
     if args.print:
@@ -255,11 +266,43 @@ def cmd_secret(args: argparse.Namespace) -> int:
     except CertError as exc:
         raise UsageError(str(exc)) from None
     except KubeError as exc:
-        print(f"gpu-admission: error: {exc}", file=sys.stderr)
-        return 1
+        return _api_error(exc)
     finally:
         client.close()
-    print(f"Secret {args.namespace}/{args.name} (kubernetes.io/tls) {outcome}")
+    with_ca = ", with ca.key and ca-bundle.crt" if args.include_ca else ""
+    print(f"Secret {args.namespace}/{args.name} (kubernetes.io/tls{with_ca}) {outcome}")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from certs.fetch import check_target, fetch_secret_material, write_material
+    from webhook.kubeclient import KubeError
+
+    where = f"Secret {args.namespace}/{args.name}"
+    try:
+        _check_secret_name(args.name, args.namespace)
+        check_target(args.out, replace=args.force)  # before any API call: a refusal costs nothing
+    except CertError as exc:
+        raise UsageError(str(exc)) from None
+    client = _client(args)
+    try:
+        files = fetch_secret_material(client, name=args.name, namespace=args.namespace)
+    except (KubeError, CertError) as exc:  # refused, unreachable, or a Secret we cannot use: exit 1
+        return _api_error(exc)
+    finally:
+        client.close()
+    if files is None:
+        if args.missing_ok:
+            print(f"{where} not found: nothing fetched")
+            return 0
+        return _api_error(f"{where} not found")
+    try:
+        written, removed = write_material(args.out, files, replace=args.force)
+    except CertError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {', '.join(str(p) for p in written)} from {where}")
+    if removed:
+        print(f"removed {', '.join(str(p) for p in removed)} (not in the Secret)")
     return 0
 
 
@@ -327,8 +370,29 @@ def register(subparsers: Any) -> None:
     sec.add_argument("--namespace", required=True)
     sec.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     sec.add_argument("--context", help="kubeconfig context (default: current-context)")
+    sec.add_argument(
+        "--include-ca",
+        action="store_true",
+        help="also store ca.key and ca-bundle.crt, so that a later `certs fetch` + `certs rotate` can renew",
+    )
     sec.add_argument("--print", action="store_true", help="write the Secret YAML to stdout, call no API")
     sec.set_defaults(func=cmd_secret)
+
+    fetch = sub.add_parser("fetch", help="read the material back from the kubernetes.io/tls Secret into a directory")
+    fetch.add_argument("--name", required=True, help="the Secret's name")
+    fetch.add_argument("--namespace", required=True, help="the Secret's namespace")
+    fetch.add_argument("--out", required=True, type=Path, help="directory to write into (created 0700)")
+    fetch.add_argument(
+        "--missing-ok", action="store_true", help="a missing Secret is not an error: write nothing, exit 0"
+    )
+    fetch.add_argument(
+        "--force",
+        action="store_true",
+        help="replace existing files; those the Secret lacks are removed, so the directory matches the Secret",
+    )
+    fetch.add_argument("--kubeconfig", help=_KUBECONFIG_HELP)
+    fetch.add_argument("--context", help="kubeconfig context (default: current-context)")
+    fetch.set_defaults(func=cmd_fetch)
 
     show = sub.add_parser("show", help="subject, SANs, expiry and chain of the serving certificate")
     show.add_argument("--dir", required=True, type=Path)

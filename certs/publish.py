@@ -17,7 +17,18 @@ from typing import Any
 import yaml
 
 from certs.errors import CertError
-from certs.store import CA_BUNDLE, CA_CERT, TLS_CERT, TLS_KEY, load_pair, parse_certs, read_bytes, read_cert
+from certs.store import (
+    CA_BUNDLE,
+    CA_CERT,
+    CA_KEY,
+    TLS_CERT,
+    TLS_KEY,
+    load_ca,
+    load_pair,
+    parse_certs,
+    read_bytes,
+    read_cert,
+)
 from webhook.kubeclient import JSON, KubeClient, KubeError
 
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
@@ -109,18 +120,32 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def tls_secret(directory: Path | str, *, name: str, namespace: str) -> JSON:
-    """A `kubernetes.io/tls` Secret with tls.crt, tls.key (a verified pair) and ca.crt from `directory`."""
+def tls_secret(directory: Path | str, *, name: str, namespace: str, include_ca: bool = False) -> JSON:
+    """A `kubernetes.io/tls` Secret with tls.crt, tls.key (a verified pair) and ca.crt from `directory`.
+
+    With `include_ca`, also ca.key (verified to match ca.crt) and ca-bundle.crt (which must hold ca.crt),
+    so that a later `certs fetch` + `certs rotate` elsewhere can continue from it.
+    """
     base = Path(directory)
     pair = load_pair(base, cert_name=TLS_CERT, key_name=TLS_KEY)
-    ca_pem = read_bytes(base / CA_CERT)
-    read_cert(base / CA_CERT)  # must parse
+    data = {TLS_CERT: _b64(pair.cert_pem), TLS_KEY: _b64(pair.key_pem)}
+    if include_ca:
+        ca = load_ca(base)
+        bundle_pem = read_bytes(base / CA_BUNDLE)
+        bundle = parse_certs(bundle_pem, source=str(base / CA_BUNDLE))
+        if ca.cert not in bundle:
+            raise CertError(f"{base / CA_BUNDLE} does not hold {base / CA_CERT}: run `certs rotate` first")
+        data.update({CA_CERT: _b64(ca.cert_pem), CA_KEY: _b64(ca.key_pem), CA_BUNDLE: _b64(bundle_pem)})
+    else:
+        ca_pem = read_bytes(base / CA_CERT)
+        read_cert(base / CA_CERT)  # must parse
+        data[CA_CERT] = _b64(ca_pem)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(LABELS)},
         "type": "kubernetes.io/tls",
-        "data": {"tls.crt": _b64(pair.cert_pem), "tls.key": _b64(pair.key_pem), "ca.crt": _b64(ca_pem)},
+        "data": data,
     }
 
 

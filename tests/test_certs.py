@@ -10,6 +10,7 @@ import stat
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -32,6 +33,7 @@ from certs.store import CA_BUNDLE, CA_CERT, CA_KEY, TLS_CERT, TLS_KEY, load_pair
 from certs.tlsconfig import server_ssl_context
 
 SVC, NS = "gpu-admission", "gpu-system"
+ALL_NAMES = (CA_CERT, CA_KEY, TLS_CERT, TLS_KEY, CA_BUNDLE)
 EXPECTED_DNS = [
     "gpu-admission",
     "gpu-admission.gpu-system",
@@ -192,6 +194,78 @@ def test_file_layout_and_modes(ecdsa_dir: Path) -> None:
 def test_init_refuses_to_overwrite(ecdsa_dir: Path) -> None:
     with pytest.raises(CertError, match="already holds"):
         init_dir(ecdsa_dir, service=SVC, namespace=NS)
+
+
+def test_secret_material_round_trip(ecdsa_dir: Path, tmp_path: Path) -> None:
+    """`certs secret --include-ca` then `certs fetch`, without the API server: same bytes, modes, order."""
+    from certs.fetch import WRITE_ORDER, secret_material, write_material
+    from certs.publish import tls_secret
+
+    full = tls_secret(ecdsa_dir, name="t", namespace="n", include_ca=True)
+    assert list(full["data"]) == [TLS_CERT, TLS_KEY, CA_CERT, CA_KEY, CA_BUNDLE]
+    files = secret_material(full, where="Secret n/t")
+    assert files == {name: (ecdsa_dir / name).read_bytes() for name in ALL_NAMES}
+    out = tmp_path / "a" / "b"
+    written, removed = write_material(out, files)
+    assert [p.name for p in written] == list(WRITE_ORDER) == [CA_BUNDLE, CA_KEY, CA_CERT, TLS_KEY, TLS_CERT]
+    assert removed == []
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o700
+    for name in ALL_NAMES:
+        assert stat.S_IMODE(os.stat(out / name).st_mode) == (0o600 if name.endswith(".key") else 0o644)
+    assert load_pair(out).cert == load_pair(ecdsa_dir).cert
+    # Without --include-ca: the three files a kubernetes.io/tls Secret usually has, and no CA key.
+    plain = tls_secret(ecdsa_dir, name="t", namespace="n")
+    assert list(plain["data"]) == [TLS_CERT, TLS_KEY, CA_CERT]
+    files = secret_material(plain, where="Secret n/t")
+    with pytest.raises(CertError, match="already holds"):
+        write_material(out, files)
+    written, removed = write_material(out, files, replace=True)
+    assert sorted(p.name for p in removed) == sorted([CA_KEY, CA_BUNDLE])
+    assert sorted(p.name for p in out.iterdir()) == sorted([TLS_CERT, TLS_KEY, CA_CERT])
+
+
+def test_secret_material_rejects_unusable_secrets(ecdsa_dir: Path, tmp_path: Path) -> None:
+    from certs.fetch import secret_material
+    from certs.publish import tls_secret
+
+    init_dir(tmp_path / "other", service="s", namespace="n")
+    foreign = tls_secret(tmp_path / "other", name="t", namespace="n", include_ca=True)["data"]
+    changes: list[tuple[dict[str, Any], str]] = [
+        ({"type": "Opaque"}, "has type 'Opaque'"),
+        ({"data": {}}, "lacks tls.crt, tls.key, ca.crt"),
+        ({"data": []}, "data is not a map"),
+        ({"data": {TLS_KEY: foreign[TLS_KEY]}}, "tls.key does not match tls.crt"),
+        ({"data": {CA_KEY: foreign[CA_KEY]}}, "ca.key does not match ca.crt"),
+        ({"data": {TLS_CERT: 5}}, "tls.crt is not a base64 string"),
+        ({"data": {CA_BUNDLE: "!!"}}, "ca-bundle.crt is not valid base64"),
+    ]
+    for change, needle in changes:
+        secret = tls_secret(ecdsa_dir, name="t", namespace="n", include_ca=True)
+        for key, value in change.items():
+            if isinstance(value, dict) and value:
+                secret[key].update(value)
+            else:
+                secret[key] = value
+        with pytest.raises(CertError, match=needle) as info:
+            secret_material(secret, where="Secret n/t")
+        assert str(info.value).startswith("Secret n/t") and "PRIVATE" not in str(info.value)
+
+
+def test_tls_secret_include_ca_needs_a_matching_ca(ecdsa_dir: Path, tmp_path: Path) -> None:
+    from certs.publish import tls_secret
+
+    init_dir(tmp_path / "other", service="s", namespace="n")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ALL_NAMES:
+        (mixed / name).write_bytes((ecdsa_dir / name).read_bytes())
+    (mixed / CA_BUNDLE).write_bytes((tmp_path / "other" / CA_BUNDLE).read_bytes())
+    with pytest.raises(CertError, match="does not hold"):
+        tls_secret(mixed, name="t", namespace="n", include_ca=True)
+    tls_secret(mixed, name="t", namespace="n")  # the bundle is not read without include_ca
+    (mixed / CA_KEY).write_bytes((tmp_path / "other" / CA_KEY).read_bytes())
+    with pytest.raises(CertError, match="does not match"):
+        tls_secret(mixed, name="t", namespace="n", include_ca=True)
 
 
 def test_load_pair_detects_mismatch_and_retries(tmp_path: Path) -> None:

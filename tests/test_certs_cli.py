@@ -172,6 +172,12 @@ def test_rotate(tmp_path: Path) -> None:
         (("inject", "--ca-bundle", "{tmp}/junk.crt"), "--webhook-name"),
         (("secret", "--dir", "{tmp}", "--name", "n", "--namespace", "Bad"), "invalid namespace"),
         (("secret", "--dir", "{tmp}/missing", "--name", "n", "--namespace", "ns", "--print"), "no such file"),
+        (("secret", "--dir", "{tmp}", "--name", "n", "--namespace", "ns", "--include-ca", "--print"), "no such file"),
+        (("fetch",), "the following arguments are required: --name, --namespace, --out"),
+        (("fetch", "--name", "Bad_Name", "--namespace", "ns", "--out", "{tmp}/x"), "invalid Secret name"),
+        (("fetch", "--name", "n", "--namespace", "Bad", "--out", "{tmp}/x"), "invalid namespace"),
+        (("fetch", "--name", "n", "--namespace", "ns", "--out", "/dev/null"), "not a directory"),
+        (("fetch", "--name", "n", "--namespace", "ns", "--out", "{tmp}", "--bogus"), "unrecognized arguments"),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
@@ -431,3 +437,213 @@ def test_kubeconfig_errors_are_one_line(made: Path, tmp_path: Path) -> None:
     )
     proc = run("inject", "--ca-bundle", str(made / CA_BUNDLE), "--webhook-name", "w", "--kubeconfig", str(good))
     assert "ConnectionFailed" in assert_one_line_error(proc, rc=1)
+
+
+# -- secret --include-ca and fetch: the round trip the certs Job relies on ---------------------------------
+
+SECRET = "gpu-admission-tls"
+SECRET_PATH = f"/api/v1/namespaces/gpu-system/secrets/{SECRET}"
+ALL_FILES = ("ca.crt", "ca.key", "tls.crt", "tls.key", CA_BUNDLE)
+SERVING_FILES = ("ca.crt", "tls.crt", "tls.key")
+
+
+def secret_cmd(made: Path, kubeconfig: Path, *extra: str) -> tuple[str, ...]:
+    return ("secret", "--dir", str(made), "--name", SECRET, "--namespace", "gpu-system", "--kubeconfig",
+            str(kubeconfig), *extra)  # fmt: skip
+
+
+def fetch_cmd(out: Path, kubeconfig: Path, *extra: str, name: str = SECRET) -> tuple[str, ...]:
+    return ("fetch", "--name", name, "--namespace", "gpu-system", "--out", str(out), "--kubeconfig",
+            str(kubeconfig), *extra)  # fmt: skip
+
+
+def assert_no_key_material(proc: subprocess.CompletedProcess[str]) -> None:
+    assert "PRIVATE KEY" not in proc.stdout + proc.stderr and "BEGIN" not in proc.stdout + proc.stderr
+
+
+def assert_layout(out: Path, names: tuple[str, ...], source: Path) -> None:
+    """`out` holds exactly `names` (no temporary files), byte-equal to `source`, with the store's modes."""
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o700
+    for name in names:
+        assert (out / name).read_bytes() == (source / name).read_bytes(), name
+        assert stat.S_IMODE(os.stat(out / name).st_mode) == (0o600 if name.endswith(".key") else 0o644), name
+
+
+def test_secret_include_ca_then_fetch_round_trip(
+    made: Path, cluster: tuple[KubeTestServer, FakeObjects, Path], tmp_path: Path
+) -> None:
+    server, fake, kubeconfig = cluster
+    proc = run(*secret_cmd(made, kubeconfig, "--include-ca"), check_rc=0)
+    assert "with ca.key and ca-bundle.crt) created" in proc.stdout
+    assert_no_key_material(proc)
+    stored = fake.objects[SECRET_PATH]
+    assert stored["type"] == "kubernetes.io/tls"
+    assert {k: base64.b64decode(v) for k, v in stored["data"].items()} == {
+        n: (made / n).read_bytes() for n in ALL_FILES
+    }
+
+    out = tmp_path / "fetched" / "pki"  # parents created too
+    before = len(server.requests)
+    proc = run(*fetch_cmd(out, kubeconfig), check_rc=0)
+    assert proc.stdout.startswith("wrote ") and proc.stdout.count("\n") == 1 and proc.stderr == ""
+    assert f"from Secret gpu-system/{SECRET}" in proc.stdout
+    assert_no_key_material(proc)
+    assert_layout(out, ALL_FILES, made)
+    # `fetch` needs `get` on that one Secret and nothing else.
+    assert [(r.method, r.path) for r in server.requests[before:]] == [("GET", SECRET_PATH)]
+    assert server.requests[-1].headers["authorization"] == "Bearer secret-token"
+    # What came back is a working directory: it verifies, and rotation finds nothing due.
+    run("show", "--dir", str(out), check_rc=0)
+    assert run("rotate", "--dir", str(out), check_rc=0).stdout.startswith("nothing to do")
+    # ... and publishing it again changes nothing.
+    assert "unchanged" in run(*secret_cmd(out, kubeconfig, "--include-ca"), check_rc=0).stdout
+
+
+def test_secret_without_include_ca_keeps_the_ca_key_out(
+    made: Path, cluster: tuple[KubeTestServer, FakeObjects, Path], tmp_path: Path
+) -> None:
+    _, fake, kubeconfig = cluster
+    run(*secret_cmd(made, kubeconfig), check_rc=0)
+    assert sorted(fake.objects[SECRET_PATH]["data"]) == sorted(SERVING_FILES)
+    out = tmp_path / "three"
+    run(*fetch_cmd(out, kubeconfig), check_rc=0)
+    assert_layout(out, SERVING_FILES, made)
+    # Adding the CA later merges the two keys into the existing Secret.
+    proc = run(*secret_cmd(made, kubeconfig, "--include-ca"), check_rc=0)
+    assert "updated" in proc.stdout
+    assert sorted(fake.objects[SECRET_PATH]["data"]) == sorted(ALL_FILES)
+
+
+def test_secret_print_include_ca(made: Path) -> None:
+    proc = run("secret", "--dir", str(made), "--name", SECRET, "--namespace", "gpu-system", "--include-ca",
+               "--print", check_rc=0)  # fmt: skip
+    data = {k: base64.b64decode(v) for k, v in yaml.safe_load(proc.stdout)["data"].items()}
+    assert data == {n: (made / n).read_bytes() for n in ALL_FILES}  # printed because --print asked for it
+
+
+def test_secret_include_ca_checks_the_ca_material(made: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    run("init", "--service", "x", "--namespace", "y", "--out", str(other), check_rc=0)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ALL_FILES:
+        (mixed / name).write_bytes((made / name).read_bytes())
+    (mixed / "ca.key").write_bytes((other / "ca.key").read_bytes())
+    cmd = ("secret", "--dir", str(mixed), "--name", "n", "--namespace", "ns", "--include-ca", "--print")
+    proc = run(*cmd)
+    assert "ca.key does not match" in assert_one_line_error(proc)
+    assert_no_key_material(proc)
+    (mixed / "ca.key").write_bytes((made / "ca.key").read_bytes())
+    (mixed / CA_BUNDLE).write_bytes((other / CA_BUNDLE).read_bytes())
+    assert "does not hold" in assert_one_line_error(run(*cmd))
+    # Without --include-ca neither file is read.
+    (mixed / "ca.key").unlink()
+    (mixed / CA_BUNDLE).unlink()
+    run("secret", "--dir", str(mixed), "--name", "n", "--namespace", "ns", "--print", check_rc=0)
+
+
+def test_fetch_missing_secret(cluster: tuple[KubeTestServer, FakeObjects, Path], tmp_path: Path) -> None:
+    _, _, kubeconfig = cluster
+    out = tmp_path / "out"
+    line = assert_one_line_error(run(*fetch_cmd(out, kubeconfig)), rc=1)
+    assert f"Secret gpu-system/{SECRET} not found" in line
+    assert not out.exists()
+    proc = run(*fetch_cmd(out, kubeconfig, "--missing-ok"), check_rc=0)
+    assert proc.stdout == f"Secret gpu-system/{SECRET} not found: nothing fetched\n" and proc.stderr == ""
+    assert not out.exists()
+    # An existing, empty directory (the Job's emptyDir) stays empty.
+    out.mkdir()
+    run(*fetch_cmd(out, kubeconfig, "--missing-ok"), check_rc=0)
+    assert list(out.iterdir()) == []
+
+
+def test_fetch_refuses_to_overwrite_unless_forced(
+    made: Path, cluster: tuple[KubeTestServer, FakeObjects, Path], tmp_path: Path
+) -> None:
+    server, _, kubeconfig = cluster
+    run(*secret_cmd(made, kubeconfig), check_rc=0)  # tls.crt, tls.key, ca.crt only
+    other = tmp_path / "other"
+    run("init", "--service", "x", "--namespace", "y", "--out", str(other), check_rc=0)
+    before = len(server.requests)
+    proc = run(*fetch_cmd(other, kubeconfig))
+    assert "already holds ca.crt, ca.key, tls.crt, tls.key, ca-bundle.crt: use --force" in assert_one_line_error(proc)
+    assert len(server.requests) == before, "refused before calling the API"
+    proc = run(*fetch_cmd(other, kubeconfig, "--force"), check_rc=0)
+    assert "removed" in proc.stdout and "(not in the Secret)" in proc.stdout
+    assert_no_key_material(proc)
+    # The directory now is the Secret: the other CA's key and bundle are gone, not left next to a foreign ca.crt.
+    assert_layout(other, SERVING_FILES, made)
+
+
+UNUSABLE_IDS = [
+    "type",
+    "no-ca",
+    "empty",
+    "no-data",
+    "tls-mismatch",
+    "ca-mismatch",
+    "ca-key-junk",
+    "junk-cert",
+    "junk-bundle",
+    "base64",
+]
+
+
+def _other_pair(tmp_path: Path, name: str) -> str:
+    from certs.rotation import init_dir
+
+    init_dir(tmp_path / "elsewhere", service="x", namespace="y", overwrite=True)
+    return base64.b64encode((tmp_path / "elsewhere" / name).read_bytes()).decode()
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda s, t: s.update(type="Opaque"), "has type 'Opaque', not kubernetes.io/tls"),
+        (lambda s, t: s["data"].pop("ca.crt"), "lacks ca.crt"),
+        (lambda s, t: s["data"].update({"tls.crt": "", "tls.key": ""}), "lacks tls.crt, tls.key"),
+        (lambda s, t: s.pop("data"), "lacks tls.crt, tls.key, ca.crt"),
+        (lambda s, t: s["data"].update({"tls.key": _other_pair(t, "tls.key")}), "tls.key does not match tls.crt"),
+        (lambda s, t: s["data"].update({"ca.key": _other_pair(t, "ca.key")}), "ca.key does not match ca.crt"),
+        (lambda s, t: s["data"].update({"ca.key": "bm90IGEga2V5"}), "ca.key: not a readable"),
+        (lambda s, t: s["data"].update({"tls.crt": "bm90IGEgY2VydA=="}), "tls.crt: not a PEM certificate"),
+        (lambda s, t: s["data"].update({"ca-bundle.crt": "bm9uZQ=="}), "ca-bundle.crt: not a PEM certificate"),
+        (lambda s, t: s["data"].update({"ca.crt": "%%%"}), "ca.crt is not valid base64"),
+    ],
+    ids=UNUSABLE_IDS,
+)
+def test_fetch_unusable_secret_writes_nothing(
+    made: Path, cluster: tuple[KubeTestServer, FakeObjects, Path], tmp_path: Path, change: Any, needle: str
+) -> None:
+    _, fake, kubeconfig = cluster
+    run(*secret_cmd(made, kubeconfig, "--include-ca"), check_rc=0)
+    change(fake.objects[SECRET_PATH], tmp_path)
+    out = tmp_path / "out"
+    proc = run(*fetch_cmd(out, kubeconfig, "--missing-ok"))
+    line = assert_one_line_error(proc, rc=1)
+    assert line.startswith(f"gpu-admission: error: Secret gpu-system/{SECRET}") and needle in line, line
+    assert_no_key_material(proc)
+    assert not out.exists()
+
+
+def test_fetch_api_errors_are_one_line_exit_1(
+    made: Path, cluster: tuple[KubeTestServer, FakeObjects, Path], tmp_path: Path
+) -> None:
+    server, _, kubeconfig = cluster
+    run(*secret_cmd(made, kubeconfig, "--include-ca"), check_rc=0)
+    server.routes.insert(0, lambda r: Reply(403, status_body(403, "Forbidden", f'secrets "{SECRET}" is forbidden: no')))
+    out = tmp_path / "out"
+    proc = run(*fetch_cmd(out, kubeconfig, "--missing-ok"))  # --missing-ok covers 404 only
+    assert "is forbidden" in assert_one_line_error(proc, rc=1)
+    assert not out.exists()
+    server.routes[0] = lambda r: Reply(
+        500, {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd"}
+    )
+    assert "InternalError" in assert_one_line_error(run(*fetch_cmd(out, kubeconfig, "--missing-ok")), rc=1)
+    # Unreachable API server.
+    dead = tmp_path / "dead-kubeconfig"
+    dead.write_text(kubeconfig.read_text().replace(server.url, "https://127.0.0.1:1"))
+    proc = run(*fetch_cmd(out, dead, "--missing-ok"))
+    assert "ConnectionFailed" in assert_one_line_error(proc, rc=1)
+    assert not out.exists()

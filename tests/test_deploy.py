@@ -41,7 +41,7 @@ SERVER_SA = "gpu-admission"
 CERTS_SA = "gpu-admission-certs"
 SERVE_ARGS = [
     "serve", "--port", "8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key",
-    "--policy-configmap", "gpu-admission/gpu-admission-policy", "--audit-log", "-",
+    "--policy-configmap", "gpu-admission/gpu-admission-policy", "--audit-stdout",
 ]  # fmt: skip
 WORKLOAD_KINDS_RESOURCES = {
     ("apps", "deployments"), ("apps", "statefulsets"), ("apps", "replicasets"), ("apps", "daemonsets"),
@@ -907,7 +907,9 @@ exit 0
 """
 
 
-def _run_certs_script(tmp_path: Path, mode: str | None, secret: str, fail: str = "") -> tuple[int, list[str], Path]:
+def _run_certs_script(
+    tmp_path: Path, mode: str | None, secret: str, fail: str = "", stale: bool = False
+) -> tuple[int, list[str], Path]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "gpu-admission"
@@ -916,6 +918,10 @@ def _run_certs_script(tmp_path: Path, mode: str | None, secret: str, fail: str =
     log = tmp_path / "calls.log"
     log.touch()
     material = tmp_path / "material"
+    if stale:  # what a failed attempt leaves in the emptyDir when the container restarts in the same pod
+        material.mkdir()
+        for name in ("ca.crt", "ca.key", "tls.crt", "tls.key", "ca-bundle.crt"):
+            (material / name).write_text("pem from the last attempt\n")
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
         "FAKE_LOG": str(log),
@@ -925,7 +931,11 @@ def _run_certs_script(tmp_path: Path, mode: str | None, secret: str, fail: str =
     }
     argv = ["sh", str(BASE / "certs.sh")] + ([mode] if mode else [])
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
-    calls = [line.split()[1] for line in log.read_text().splitlines()]
+    lines = log.read_text().splitlines()
+    for line in lines:  # every call the script made is one the real CLI accepts
+        error = _parse_with_cli(line.split())
+        assert error is None, f"certs.sh runs `gpu-admission {line}`, which the CLI rejects: {error}"
+    calls = [line.split()[1] for line in lines]
     return proc.returncode, calls, material
 
 
@@ -951,6 +961,14 @@ def test_certs_script_order(
     assert calls == expected
 
 
+def test_certs_script_ignores_what_a_failed_attempt_left_behind(tmp_path: Path) -> None:
+    # No Secret in the cluster: the material of the last attempt must not pass for it (fetch refuses to
+    # overwrite files, and a rotation of unpublished material would skip creating the Secret's CA properly).
+    rc, calls, material = _run_certs_script(tmp_path, "bootstrap", "missing", stale=True)
+    assert rc == 0 and calls == ["fetch", "init", "secret", "inject"]
+    assert (material / "tls.crt").read_text() == "pem\n"
+
+
 def test_certs_script_arguments(tmp_path: Path) -> None:
     _, _, material = _run_certs_script(tmp_path, "bootstrap", "missing")
     lines = (tmp_path / "calls.log").read_text().splitlines()
@@ -962,7 +980,159 @@ def test_certs_script_arguments(tmp_path: Path) -> None:
     ]
 
 
-# -- contracts with the CLI (xfail, naming the gap, while a sub-command or flag is missing) ---------------
+# -- certs.sh with the real CLI against a local HTTPS API server -------------------------------------------
+
+SECRETS = f"/api/v1/namespaces/{NS}/secrets"
+SECRET_PATH = f"{SECRETS}/{TLS_SECRET}"
+MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/gpu-admission"
+VWC = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/gpu-admission"
+
+
+def _cluster_objects() -> dict[str, dict[str, Any]]:
+    svc = {"service": {"name": "gpu-admission", "namespace": NS, "path": "/mutate"}}
+    return {
+        MWC: {
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "gpu-admission"},
+            "webhooks": [{"name": "pods.mutate.gpu-admission.io", "clientConfig": dict(svc)},
+                         {"name": "workloads.mutate.gpu-admission.io", "clientConfig": dict(svc)}],
+        },
+        VWC: {
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "gpu-admission"},
+            "webhooks": [{"name": "pods.validate.gpu-admission.io", "clientConfig": dict(svc)}],
+        },
+    }  # fmt: skip
+
+
+class _RealCertsScript:
+    """certs.sh run by /bin/sh with the real `gpu-admission` CLI on PATH, talking to `server`."""
+
+    def __init__(self, tmp_path: Path, server_url: str, ca_file: Path) -> None:
+        import sys
+
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        cli = bin_dir / "gpu-admission"
+        cli.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m webhook "$@"\n')
+        cli.chmod(0o755)
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "certs"}}],
+            "clusters": [{"name": "c", "cluster": {"server": server_url, "certificate-authority": str(ca_file)}}],
+            "users": [{"name": "certs", "user": {"token": "certs-job-token"}}],
+        }))  # fmt: skip
+        self.material = tmp_path / "material"
+        self.env = {
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "PYTHONPATH": str(ROOT),
+            "HOME": str(tmp_path),
+            "KUBECONFIG": str(kubeconfig),  # in the pod: the in-cluster credentials
+            "GPU_ADMISSION_CERTS_DIR": str(self.material),
+        }
+
+    def __call__(self, mode: str) -> subprocess.CompletedProcess[str]:
+        argv = ["sh", str(BASE / "certs.sh"), mode]
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120, check=False)
+        assert "PRIVATE KEY" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+        return proc
+
+
+def test_certs_script_with_the_real_cli(tmp_path: Path) -> None:
+    import base64
+    from datetime import timedelta
+
+    from certs.publish import tls_secret
+    from certs.rotation import init_dir
+    from certs.status import chain_ok, dns_names
+    from certs.store import parse_cert, parse_certs
+    from tests.test_certs_cli import FakeObjects
+    from tests.test_kubeclient import KubeTestServer, Reply, status_body
+
+    init_dir(tmp_path / "api-tls", service="api", namespace="test", ips=["127.0.0.1"])
+    with KubeTestServer(tmp_path / "api-tls") as server:
+        fake = FakeObjects(_cluster_objects())
+        server.route(fake)
+        script = _RealCertsScript(tmp_path, server.url, tmp_path / "api-tls" / "ca-bundle.crt")
+
+        def writes_since(start: int) -> list[tuple[str, str]]:
+            return [(r.method, r.path) for r in server.requests[start:] if r.method != "GET"]
+
+        def secret_files() -> dict[str, bytes]:
+            return {k: base64.b64decode(v) for k, v in fake.objects[SECRET_PATH]["data"].items()}
+
+        def assert_injected() -> None:
+            bundle = fake.objects[SECRET_PATH]["data"]["ca-bundle.crt"]
+            hooks = fake.objects[MWC]["webhooks"] + fake.objects[VWC]["webhooks"]
+            assert [h["clientConfig"]["caBundle"] for h in hooks] == [bundle] * 3
+
+        # The CronJob never creates a CA.
+        proc = script("rotate")
+        assert proc.returncode == 1 and "nothing to rotate" in proc.stderr
+        assert writes_since(0) == []
+
+        # Bootstrap: a new CA and serving certificate, the Secret (with the CA key), then caBundle.
+        proc = script("bootstrap")
+        assert proc.returncode == 0, proc.stderr
+        assert writes_since(0) == [("POST", SECRETS), ("PATCH", MWC), ("PATCH", VWC)]
+        assert {r.headers["authorization"] for r in server.requests} == {"Bearer certs-job-token"}
+        secret = fake.objects[SECRET_PATH]
+        assert secret["type"] == "kubernetes.io/tls"
+        files = secret_files()
+        assert sorted(files) == sorted(["ca.crt", "ca.key", "tls.crt", "tls.key", "ca-bundle.crt"])
+        leaf, ca = parse_cert(files["tls.crt"], source="tls.crt"), parse_cert(files["ca.crt"], source="ca.crt")
+        assert chain_ok(leaf, [ca])
+        assert f"gpu-admission.{NS}.svc" in dns_names(leaf)
+        assert_injected()
+
+        # Again (the Job re-created by `kubectl apply -k`, the CronJob): nothing is due, nothing is written.
+        for mode in ("bootstrap", "rotate"):
+            start = len(server.requests)
+            proc = script(mode)
+            assert proc.returncode == 0, proc.stderr
+            assert "nothing to do" in proc.stdout and "already current" in proc.stdout
+            assert writes_since(start) == []
+        assert secret_files() == files
+
+        # A CA inside its 90-day window: rolled over, and the bundle is injected before the Secret changes.
+        short = tmp_path / "short"
+        init_dir(short, service="gpu-admission", namespace=NS, validity=timedelta(days=20),
+                 ca_validity=timedelta(days=30))  # fmt: skip
+        fake.objects[SECRET_PATH]["data"] = tls_secret(short, name=TLS_SECRET, namespace=NS, include_ca=True)["data"]
+        old_ca = (short / "ca.crt").read_bytes()
+        start = len(server.requests)
+        proc = script("rotate")
+        assert proc.returncode == 0, proc.stderr
+        assert "rolled the CA over" in proc.stdout
+        assert writes_since(start) == [("PATCH", MWC), ("PATCH", VWC), ("PATCH", SECRET_PATH)]
+        files = secret_files()
+        new_ca = parse_cert(files["ca.crt"], source="ca.crt")
+        assert files["ca.crt"] != old_ca
+        bundle = parse_certs(files["ca-bundle.crt"], source="bundle")
+        assert bundle == [new_ca, parse_cert(old_ca, source="old")]
+        assert chain_ok(parse_cert(files["tls.crt"], source="tls.crt"), [new_ca])
+        assert_injected()
+
+        # A Secret without the CA key is someone else's: change nothing.
+        for key in ("ca.key", "ca-bundle.crt"):
+            del fake.objects[SECRET_PATH]["data"][key]
+        start = len(server.requests)
+        proc = script("bootstrap")
+        assert proc.returncode == 1 and "without the CA key" in proc.stderr
+        assert writes_since(start) == []
+
+        # The API refuses: stop after the read, generate nothing.
+        server.routes.insert(0, lambda r: Reply(403, status_body(403, "Forbidden", "secrets is forbidden")))
+        start = len(server.requests)
+        proc = script("bootstrap")
+        assert proc.returncode == 1
+        assert proc.stderr.strip().splitlines() == ["gpu-admission: error: secrets is forbidden (HTTP 403 Forbidden)"]
+        assert [(r.method, r.path) for r in server.requests[start:]] == [("GET", SECRET_PATH)]
+        assert sorted(p.name for p in script.material.iterdir()) == []
+
+
+# -- contracts with the CLI: every command line of the Deployment and certs.sh parses ------------------------
 
 
 def _parse_with_cli(argv: list[str]) -> str | None:
@@ -1002,15 +1172,17 @@ def _certs_script_invocations() -> list[list[str]]:
 
 def test_cli_accepts_the_server_command() -> None:
     error = _parse_with_cli(SERVE_ARGS)
-    if error:
-        pytest.xfail(f"`gpu-admission {' '.join(SERVE_ARGS)}` is rejected ({error}); see docs/deploy.md")
+    assert error is None, f"`gpu-admission {' '.join(SERVE_ARGS)}` is rejected ({error}); see docs/deploy.md"
+
+
+def test_certs_script_invocations_are_found() -> None:
+    assert sorted({argv[1] for argv in _certs_script_invocations()}) == ["fetch", "init", "inject", "rotate", "secret"]
 
 
 @pytest.mark.parametrize("argv", _certs_script_invocations(), ids=lambda a: " ".join(a[:2]))
 def test_cli_accepts_the_certs_script(argv: list[str]) -> None:
     error = _parse_with_cli(argv)
-    if error:
-        pytest.xfail(f"`gpu-admission {' '.join(argv)}` is rejected ({error}); see docs/deploy.md")
+    assert error is None, f"`gpu-admission {' '.join(argv)}` is rejected ({error}); see docs/deploy.md"
 
 
 # -- the cert-manager overlay ----------------------------------------------------------------------------
@@ -1216,6 +1388,7 @@ def test_deploy_docs_cover_the_operations() -> None:
                     "## cert-manager", "## CLI requirements"):  # fmt: skip
         assert heading in text, heading
     assert "kubectl delete mutatingwebhookconfiguration gpu-admission" in text
+    assert " ".join(["gpu-admission", *SERVE_ARGS]) in " ".join(text.split()), "the fixed container command"
     assert "kubectl delete validatingwebhookconfiguration gpu-admission" in text
     uninstall = text[text.index("## Uninstall") :]
     assert uninstall.index("webhookconfiguration") < uninstall.index("kubectl delete -k")

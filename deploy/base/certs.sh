@@ -34,9 +34,15 @@ log() { printf 'gpu-admission-certs: %s\n' "$*"; }
 
 umask 077
 mkdir -p "$DIR"
+# Start from the cluster's state only. The emptyDir outlives a failed attempt (restartPolicy: OnFailure
+# restarts the container in the same pod), and `certs fetch` refuses to overwrite what it finds.
+for f in ca.crt ca.key tls.crt tls.key ca-bundle.crt; do
+  rm -f "$DIR/$f"
+done
 
 # Read back what the cluster has. A missing Secret is not an error (--missing-ok); anything else
-# (forbidden, API server unreachable) is, and stops here before anything is generated.
+# (forbidden, API server unreachable, a Secret that is not a usable kubernetes.io/tls pair) is, and stops
+# here before anything is generated.
 gpu-admission certs fetch --name "$SECRET" --namespace "$NAMESPACE" --out "$DIR" --missing-ok
 
 present=0
