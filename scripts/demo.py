@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from tests.e2e import crds
 from tests.e2e.cluster import DEFAULT_NODES_FILE, ControlPlane, ControlPlaneError, build_binaries
 from tests.e2e.webhook import Webhook
@@ -53,30 +55,61 @@ def main(argv: list[str] | None = None) -> int:
         say(f"kube-apiserver {cp.server_version()['gitVersion']} at {cp.server} in {time.monotonic() - t0:.1f}s")
         cp.create_nodes(DEFAULT_NODES_FILE)
         crds.install(cp)
-        run(cp, "get", "nodes", "-L", "topology.kubernetes.io/rack", "-L", "nvidia.com/gpu.product",
-            "-L", "nvidia.com/gpu.sharing-strategy")  # fmt: skip
+        run(
+            cp,
+            "get",
+            "nodes",
+            "-L",
+            "topology.kubernetes.io/rack",
+            "-L",
+            "nvidia.com/gpu.product",
+            "-L",
+            "nvidia.com/gpu.sharing-strategy",
+        )
 
         say("\n== gpu-admission serve, registered from deploy/ (failurePolicy Fail, TLS, matchConditions) ==")
         wh = Webhook(cp)
-        say(
-            f"webhook at {wh.server.url if wh.server else '?'}; policy: ConfigMap gpu-admission/gpu-admission-policy"
-        )
+        say(f"webhook at {wh.server.url if wh.server else '?'}; policy: ConfigMap gpu-admission/gpu-admission-policy")
 
-        cp.kubectl("create", "namespace", "ml")
+        namespaces = sorted(
+            {
+                str(d["metadata"]["namespace"])
+                for f in EXAMPLES.glob("*/*.yaml")
+                for d in yaml.safe_load_all(f.read_text())
+                if isinstance(d, dict) and d.get("kind") != "List" and d.get("metadata", {}).get("namespace")
+            }
+        )
+        for ns in namespaces:
+            cp.kubectl("create", "namespace", ns)
+        # the PriorityClasses a platform team would have (the examples name them)
+        classes = {"training-high": 100000, "training-normal": 50000, "batch-low": 1000}
+        cp.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input={
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
+                    {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": n}, "value": v}
+                    for n, v in classes.items()
+                ],
+            },
+        )
         for group in GROUPS:
             files = sorted((EXAMPLES / group).glob("*.yaml"))
             if not files:
                 continue
             say(f"\n== examples/{group} ==")
             for f in files:
-                run(cp, "apply", "-n", "ml", "-f", str(f.relative_to(ROOT)))
+                run(cp, "apply", "-f", str(f.relative_to(ROOT)))
 
         say("\n== where the scheduler put the pods ==")
         time.sleep(3)  # let the controllers create and the scheduler bind the Job and Deployment pods
         nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in cp.get_json("nodes")["items"]}
-        pods = cp.get_json("pods", "-n", "ml")["items"]
+        pods = [p for p in cp.get_json("pods", "-A")["items"] if p["metadata"]["namespace"] in namespaces]
         say(f"{'POD':44} {'NODE':12} {'RACK':8} GPU RESOURCES")
-        for p in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        for p in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
             node = p["spec"].get("nodeName") or "(pending)"
             rack = nodes.get(node, {}).get("topology.kubernetes.io/rack", "-")
             res = sorted(
@@ -85,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 for k, v in (c.get("resources", {}).get("limits") or {}).items()
                 if k.startswith("nvidia.com/")
             )
-            say(f"{p['metadata']['name'][:44]:44} {node:12} {rack:8} {', '.join(res)}")
+            name = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+            say(f"{name[:44]:44} {node:12} {rack:8} {', '.join(res)}")
 
         say("\n== the audit log (gpu-admission audit --summary) ==")
         import subprocess

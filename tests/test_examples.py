@@ -89,7 +89,7 @@ DENIED: dict[str, dict[str, Expect]] = {
     },
     "denied/hpa-scale-to-zero.yaml": {
         "Deployment/sdxl-turbo": expect("inference", ("inference-spread", "online-exclusive")),
-        "HorizontalPodAutoscaler/sdxl-turbo": expect(denials=("inference-warm-pool",)),
+        "ScaledObject/sdxl-turbo": expect(denials=("inference-warm-pool",)),
     },
     "denied/typo-annotation.yaml": {
         "Deployment/reranker": expect(

@@ -109,29 +109,29 @@ def run(args: argparse.Namespace) -> int:
     for w in inv.warnings:
         print(f"gpu-admission: warning: {w}", file=sys.stderr)
     out = []
+    handled: list[bool] = []
     for obj in objects:
         ns = str((obj.get("metadata") or {}).get("namespace") or "default")
         ctx = ReviewContext(namespace_labels=namespaces.get(ns), resolve=resolve)
         r = review(obj, policy=policy, inventory=inv, ctx=ctx, mutate=not args.no_mutate)
-        el = element(obj, r)
-        if not r.handled and obj.get("kind") not in ("Namespace", "Node"):
-            el["warnings"] = [f"kind {obj.get('kind')} ({obj.get('apiVersion')}) is not handled by gpu-admission"]
-        out.append(el)
+        out.append(element(obj, r))
+        handled.append(r.handled)
     if args.output == "json":
         sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
     elif args.output == "yaml":
         yaml.safe_dump(out, sys.stdout, sort_keys=False)
     else:
-        _print_text(out)
+        _print_text(out, handled)
     return 0 if all(e["allowed"] for e in out) else 1
 
 
-def _print_text(out: list[dict[str, Any]]) -> None:
-    for e in out:
+def _print_text(out: list[dict[str, Any]], handled: list[bool]) -> None:
+    for e, known in zip(out, handled, strict=True):
         where = f"{e['namespace']}/{e['name']}" if e["namespace"] else str(e["name"])
         verdict = "ALLOW" if e["allowed"] else "DENY "
         workload = e["workload"] or "-"
-        print(f"{verdict} {e['kind']} {where} [{workload}]")
+        note = "" if known else "  (kind not handled: allowed untouched)"
+        print(f"{verdict} {e['kind']} {where} [{workload}]{note}")
         for d in e["denials"]:
             print(f"  deny     {d['message']}")
         for w in e["warnings"]:
