@@ -435,7 +435,42 @@ def parse_policy_text(text: str) -> Policy:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(document)"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise PolicyError([f"{where}: invalid YAML: {problem}"]) from None
-    return compile_policy(doc, text)
+    try:
+        return compile_policy(doc, text)
+    except PolicyError as exc:
+        lines = _line_numbers(text)
+        raise PolicyError([_with_line(e, lines) for e in exc.errors]) from None
+
+
+def _line_numbers(text: str) -> dict[str, int]:
+    """Field path (as errors spell it: `rules.x`, `pools[0].name`) -> 1-based line in the YAML text."""
+    out: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                path = _join(prefix, str(key.value))
+                out[path] = key.start_mark.line + 1
+                walk(value, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                path = f"{prefix}[{i}]"
+                out[path] = item.start_mark.line + 1
+                walk(item, path)
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return out
+    if root is not None:
+        walk(root, "")
+    return out
+
+
+def _with_line(error: str, lines: dict[str, int]) -> str:
+    path, sep, message = error.partition(": ")
+    line = lines.get(path)
+    return f"{path} (line {line}){sep}{message}" if line and sep else error
 
 
 def default_policy_text() -> str:

@@ -434,7 +434,8 @@ def test_policy_validate_lists_every_error_with_its_field_path(tmp_path: Path) -
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
-    paths = [line.split(": ")[1] for line in lines]
+    paths = [line.split(": ")[1].split(" (line ")[0] for line in lines]
+    assert all(" (line " in line for line in lines), lines
     for line in lines:
         assert line.startswith(f"{pol}: ")
     assert set(paths) >= {
