@@ -16,7 +16,7 @@ from policies.patch import clone
 from policies.resources import GPU
 from policies.subject import OWN_JOB_LABEL, Pod, Subject
 from policies.topology import HOSTNAME, ZONE
-from policies.workloads import Json
+from policies.workloads import Json, containers
 
 MutationFn = Callable[[Subject, Pod], bool]
 
@@ -123,7 +123,7 @@ def gpu_slice(s: Subject, p: Pod) -> bool:
         return False
     offer, nodes = best
     eligible = False
-    for c in _containers(p.pod):
+    for c in containers(p.pod):
         res = c.get("resources")
         limits = _limits(c)
         if [k for k in limits if isinstance(k, str) and k.startswith("nvidia.com/")] != [GPU]:
@@ -175,17 +175,6 @@ def _select_nodes(nodes: list[GpuNode]) -> Json:
     if all(products):
         return {"key": "nvidia.com/gpu.product", "operator": "In", "values": products}
     return {"key": HOSTNAME, "operator": "In", "values": sorted(n.name for n in nodes)}
-
-
-def _containers(pod: Json) -> list[Json]:
-    spec = pod.get("spec")
-    out: list[Json] = []
-    if isinstance(spec, dict):
-        for key in ("initContainers", "containers"):
-            items = spec.get(key)
-            if isinstance(items, list):
-                out.extend(c for c in items if isinstance(c, dict))
-    return out
 
 
 def _limits(c: Json) -> Json:

@@ -17,7 +17,7 @@ from policies.mutations import has_queue, has_rack_constraint, larger_than_any_r
 from policies.quantity import format_bytes
 from policies.resources import GPU, is_mig, is_shared, pod_ask
 from policies.subject import Pod, Subject, meta_map
-from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, effective_kind, templates
+from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, containers, effective_kind, templates
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def _elastic_signal(s: Subject) -> str | None:
             if meta_map(src, section).get("kueue.x-k8s.io/elastic-job") == "true":
                 return "kueue.x-k8s.io/elastic-job is true"
     for p in s.pods:
-        for c in _all_containers(p.pod):
+        for c in containers(p.pod):
             env = c.get("env")
             for e in env if isinstance(env, list) else []:
                 if isinstance(e, dict) and e.get("name") == "PET_NNODES" and isinstance(e.get("value"), str):
@@ -140,17 +140,6 @@ def _elastic_signal(s: Subject) -> str | None:
         if isinstance(ma, int) and not isinstance(ma, bool) and ma < total:
             return f"minAvailable {ma} < {total} replicas"
     return None
-
-
-def _all_containers(pod: Json) -> list[Json]:
-    spec = pod.get("spec")
-    out: list[Json] = []
-    if isinstance(spec, dict):
-        for key in ("initContainers", "containers"):
-            items = spec.get(key)
-            if isinstance(items, list):
-                out.extend(c for c in items if isinstance(c, dict))
-    return out
 
 
 def training_elastic_shrink(s: Subject) -> list[Violation]:
