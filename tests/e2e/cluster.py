@@ -106,11 +106,13 @@ def build_binaries(*, force: bool = False, timeout: float = 3600.0) -> Path:
     override = os.environ.get("GPU_ADMISSION_CONTROLPLANE_BIN")
     if override:
         bin_dir = Path(override)
-        missing = [b for b in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
-                   if not (bin_dir / b).is_file()]
+        missing = [
+            b
+            for b in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+            if not (bin_dir / b).is_file()
+        ]
         if missing:
-            raise ControlPlaneError(
-                f"GPU_ADMISSION_CONTROLPLANE_BIN={override} lacks {', '.join(missing)}")
+            raise ControlPlaneError(f"GPU_ADMISSION_CONTROLPLANE_BIN={override} lacks {', '.join(missing)}")
         return bin_dir
     if not BUILD_SCRIPT.is_file():
         raise ControlPlaneError(f"build script not found: {BUILD_SCRIPT}")
@@ -121,8 +123,7 @@ def build_binaries(*, force: bool = False, timeout: float = 3600.0) -> Path:
         raise ControlPlaneError(f"{BUILD_SCRIPT} did not finish within {timeout:.0f}s") from exc
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-30:])
-        raise ControlPlaneError(
-            f"building the control plane failed ({BUILD_SCRIPT}, exit {proc.returncode}):\n{tail}")
+        raise ControlPlaneError(f"building the control plane failed ({BUILD_SCRIPT}, exit {proc.returncode}):\n{tail}")
     lines = proc.stdout.strip().splitlines()
     if not lines or not Path(lines[-1]).is_dir():
         raise ControlPlaneError(f"{BUILD_SCRIPT} printed no bin dir; stdout was {proc.stdout!r}")
@@ -232,50 +233,67 @@ def _pem_cert(cert: x509.Certificate) -> bytes:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
-_NO_KEY_USAGE = dict(content_commitment=False, key_encipherment=False, data_encipherment=False,
-                     key_agreement=False, encipher_only=False, decipher_only=False)
+_NO_KEY_USAGE = dict(
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    encipher_only=False,
+    decipher_only=False,
+)
 
 
-def _make_ca(common_name: str, not_before: dt.datetime, not_after: dt.datetime
-             ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def _make_ca(
+    common_name: str, not_before: dt.datetime, not_after: dt.datetime
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     cert = (
         x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name)
+        .subject_name(name)
+        .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before).not_valid_after(not_after)
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     **_NO_KEY_USAGE), critical=True)
+        .add_extension(
+            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, **_NO_KEY_USAGE), critical=True
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     return key, cert
 
 
-def _make_leaf(ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate], subject: x509.Name,
-               usage: x509.ObjectIdentifier, sans: Sequence[x509.GeneralName] = ()) -> tuple[bytes, bytes]:
+def _make_leaf(
+    ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate],
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    sans: Sequence[x509.GeneralName] = (),
+) -> tuple[bytes, bytes]:
     """(certificate PEM, PKCS#8 key PEM) signed by ``ca``."""
     ca_key, ca_cert = ca
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
         x509.CertificateBuilder()
-        .subject_name(subject).issuer_name(ca_cert.subject)
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(ca_cert.not_valid_before_utc).not_valid_after(ca_cert.not_valid_after_utc)
+        .not_valid_before(ca_cert.not_valid_before_utc)
+        .not_valid_after(ca_cert.not_valid_after_utc)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
-                                     **_NO_KEY_USAGE), critical=True)
+        .add_extension(
+            x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False, **_NO_KEY_USAGE), critical=True
+        )
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                       critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
@@ -312,33 +330,53 @@ class Pki:
         ca = _make_ca("gpu-admission-e2e-ca", not_before, not_after)
         front_proxy_ca = _make_ca("gpu-admission-e2e-front-proxy-ca", not_before, not_after)
         serving = _make_leaf(
-            ca, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+            ca,
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
             ExtendedKeyUsageOID.SERVER_AUTH,
-            [x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
-                                       "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")]
+            [
+                x509.DNSName(n)
+                for n in (
+                    "localhost",
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                )
+            ]
             + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", SERVICE_IP)],
         )
         admin = _make_leaf(
-            ca, x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, ADMIN_GROUP),
-                           x509.NameAttribute(NameOID.COMMON_NAME, ADMIN_USER)]),
+            ca,
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, ADMIN_GROUP),
+                    x509.NameAttribute(NameOID.COMMON_NAME, ADMIN_USER),
+                ]
+            ),
             ExtendedKeyUsageOID.CLIENT_AUTH,
         )
         proxy_client = _make_leaf(
-            front_proxy_ca, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "front-proxy-client")]),
+            front_proxy_ca,
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "front-proxy-client")]),
             ExtendedKeyUsageOID.CLIENT_AUTH,
         )
         sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         token = base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
 
         files = {
-            "ca.crt": _pem_cert(ca[1]), "ca.key": _pem_key(ca[0]),
-            "apiserver.crt": serving[0], "apiserver.key": serving[1],
-            "admin.crt": admin[0], "admin.key": admin[1],
+            "ca.crt": _pem_cert(ca[1]),
+            "ca.key": _pem_key(ca[0]),
+            "apiserver.crt": serving[0],
+            "apiserver.key": serving[1],
+            "admin.crt": admin[0],
+            "admin.key": admin[1],
             "front-proxy-ca.crt": _pem_cert(front_proxy_ca[1]),
-            "front-proxy-client.crt": proxy_client[0], "front-proxy-client.key": proxy_client[1],
+            "front-proxy-client.crt": proxy_client[0],
+            "front-proxy-client.key": proxy_client[1],
             "sa.key": _pem_key(sa),
-            "sa.pub": sa.public_key().public_bytes(serialization.Encoding.PEM,
-                                                   serialization.PublicFormat.SubjectPublicKeyInfo),
+            "sa.pub": sa.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            ),
             # static token file: token,user,uid,"group1,group2"
             "tokens.csv": f'{token},{ADMIN_USER},{ADMIN_USER},"{ADMIN_GROUP}"\n'.encode(),
         }
@@ -346,14 +384,22 @@ class Pki:
             p = directory / name
             p.write_bytes(data)
             p.chmod(0o600)
-        return cls(dir=directory, ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
-                   serving_cert=directory / "apiserver.crt", serving_key=directory / "apiserver.key",
-                   admin_cert=directory / "admin.crt", admin_key=directory / "admin.key",
-                   front_proxy_ca_cert=directory / "front-proxy-ca.crt",
-                   proxy_client_cert=directory / "front-proxy-client.crt",
-                   proxy_client_key=directory / "front-proxy-client.key",
-                   sa_key=directory / "sa.key", sa_pub=directory / "sa.pub",
-                   token_file=directory / "tokens.csv", admin_token=token)
+        return cls(
+            dir=directory,
+            ca_cert=directory / "ca.crt",
+            ca_key=directory / "ca.key",
+            serving_cert=directory / "apiserver.crt",
+            serving_key=directory / "apiserver.key",
+            admin_cert=directory / "admin.crt",
+            admin_key=directory / "admin.key",
+            front_proxy_ca_cert=directory / "front-proxy-ca.crt",
+            proxy_client_cert=directory / "front-proxy-client.crt",
+            proxy_client_key=directory / "front-proxy-client.key",
+            sa_key=directory / "sa.key",
+            sa_pub=directory / "sa.pub",
+            token_file=directory / "tokens.csv",
+            admin_token=token,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -407,8 +453,9 @@ class ControlPlane:
         self.bin_dir = Path(bin_dir)
         for b in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
             if not os.access(self.bin_dir / b, os.X_OK):
-                raise ControlPlaneError(f"{self.bin_dir / b} is missing or not executable "
-                                        f"(run {BUILD_SCRIPT.relative_to(REPO_ROOT)})")
+                raise ControlPlaneError(
+                    f"{self.bin_dir / b} is missing or not executable (run {BUILD_SCRIPT.relative_to(REPO_ROOT)})"
+                )
         self.kubectl_path = kubectl or find_kubectl()
         self._workdir_arg = Path(workdir) if workdir else None
         self.controllers = tuple(controllers)
@@ -483,17 +530,22 @@ class ControlPlane:
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         etcd_url = f"http://127.0.0.1:{self.ports['etcd-client']}"
         peer_url = f"http://127.0.0.1:{self.ports['etcd-peer']}"
-        self._launch("etcd", [
-            str(self.bin_dir / "etcd"),
-            "--name=default",
-            f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=default={peer_url}",
-            "--initial-cluster-state=new",
-            "--unsafe-no-fsync",
-            "--log-level=warn",
-        ])
+        self._launch(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                "--name=default",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--initial-cluster-state=new",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
         # The PKI (RSA key generation included) is made while etcd boots.
         self.pki = pki = Pki.generate(self.workdir / "pki")
         self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
@@ -502,36 +554,46 @@ class ControlPlane:
         self._wait_http("etcd", f"{etcd_url}/health", lambda body: b'"health":"true"' in body, timeout=20)
         self.phase_seconds["etcd"] = time.monotonic() - mark
 
-        self._launch("kube-apiserver", [
-            str(self.bin_dir / "kube-apiserver"),
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.ports['apiserver']}",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
-            f"--client-ca-file={pki.ca_cert}",
-            f"--token-auth-file={pki.token_file}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki.sa_pub}",
-            f"--service-account-signing-key-file={pki.sa_key}",
-            f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
-            "--requestheader-allowed-names=front-proxy-client",
-            "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-group-headers=X-Remote-Group",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            f"--proxy-client-cert-file={pki.proxy_client_cert}",
-            f"--proxy-client-key-file={pki.proxy_client_key}",
-            "--endpoint-reconciler-type=none",
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-            "--allow-privileged=true",
-            "--profiling=false",
-            f"--v={self.verbosity}",
-            *self.extra_apiserver_args,
-        ])
-        self._wait_http("kube-apiserver", f"{self.server}/readyz", lambda body: body.strip() == b"ok",
-                        timeout=self.timeout, client_cert=True)
+        self._launch(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.ports['apiserver']}",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                f"--token-auth-file={pki.token_file}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.proxy_client_cert}",
+                f"--proxy-client-key-file={pki.proxy_client_key}",
+                "--endpoint-reconciler-type=none",
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--allow-privileged=true",
+                "--profiling=false",
+                f"--v={self.verbosity}",
+                *self.extra_apiserver_args,
+            ],
+        )
+        self._wait_http(
+            "kube-apiserver",
+            f"{self.server}/readyz",
+            lambda body: body.strip() == b"ok",
+            timeout=self.timeout,
+            client_cert=True,
+        )
         self.phase_seconds["kube-apiserver"] = time.monotonic() - mark
 
         sched_cfg: dict[str, Any] = {
@@ -543,38 +605,54 @@ class ControlPlane:
         sched_cfg.update(self.scheduler_overrides)
         sched_cfg_path = self.workdir / "scheduler-config.yaml"
         sched_cfg_path.write_text(yaml.safe_dump(sched_cfg, sort_keys=False))
-        delegated = [f"--authentication-kubeconfig={self.kubeconfig}",
-                     f"--authorization-kubeconfig={self.kubeconfig}"]
-        self._launch("kube-scheduler", [
-            str(self.bin_dir / "kube-scheduler"),
-            f"--config={sched_cfg_path}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}",
-            f"--cert-dir={self.workdir / 'scheduler-certs'}",
-            *delegated,
-            f"--v={self.verbosity}",
-        ])
-        self._launch("kube-controller-manager", [
-            str(self.bin_dir / "kube-controller-manager"),
-            f"--kubeconfig={self.kubeconfig}",
-            *delegated,
-            "--bind-address=127.0.0.1", f"--secure-port={self.ports['controller-manager']}",
-            f"--cert-dir={self.workdir / 'controller-manager-certs'}",
-            "--leader-elect=false",
-            f"--controllers={','.join(self.controllers)}",
-            f"--service-account-private-key-file={pki.sa_key}",
-            f"--root-ca-file={pki.ca_cert}",
-            "--use-service-account-credentials=false",
-            "--kube-api-qps=500", "--kube-api-burst=1000",
-            "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
-            "--concurrent-job-syncs=10",
-            f"--v={self.verbosity}",
-        ])
-        self._wait_http("kube-scheduler", f"https://127.0.0.1:{self.ports['scheduler']}/readyz",
-                        lambda body: body.strip() == b"ok", timeout=self.timeout)
+        delegated = [f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}"]
+        self._launch(
+            "kube-scheduler",
+            [
+                str(self.bin_dir / "kube-scheduler"),
+                f"--config={sched_cfg_path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['scheduler']}",
+                f"--cert-dir={self.workdir / 'scheduler-certs'}",
+                *delegated,
+                f"--v={self.verbosity}",
+            ],
+        )
+        self._launch(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                *delegated,
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['controller-manager']}",
+                f"--cert-dir={self.workdir / 'controller-manager-certs'}",
+                "--leader-elect=false",
+                f"--controllers={','.join(self.controllers)}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                "--use-service-account-credentials=false",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+                "--concurrent-deployment-syncs=10",
+                "--concurrent-replicaset-syncs=10",
+                "--concurrent-job-syncs=10",
+                f"--v={self.verbosity}",
+            ],
+        )
+        self._wait_http(
+            "kube-scheduler",
+            f"https://127.0.0.1:{self.ports['scheduler']}/readyz",
+            lambda body: body.strip() == b"ok",
+            timeout=self.timeout,
+        )
         self.phase_seconds["kube-scheduler"] = time.monotonic() - mark
-        self._wait_http("kube-controller-manager",
-                        f"https://127.0.0.1:{self.ports['controller-manager']}/healthz",
-                        lambda body: body.strip() == b"ok", timeout=self.timeout)
+        self._wait_http(
+            "kube-controller-manager",
+            f"https://127.0.0.1:{self.ports['controller-manager']}/healthz",
+            lambda body: body.strip() == b"ok",
+            timeout=self.timeout,
+        )
         self.phase_seconds["kube-controller-manager"] = time.monotonic() - mark
 
     def _launch(self, name: str, cmd: list[str]) -> None:
@@ -586,8 +664,13 @@ class ControlPlane:
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
         try:
             comp.proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=comp.log_handle, stderr=subprocess.STDOUT,
-                cwd=self.workdir, env=env, start_new_session=True,
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=comp.log_handle,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=env,
+                start_new_session=True,
                 preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
             )
         except OSError as exc:
@@ -610,8 +693,9 @@ class ControlPlane:
             return _PortConflict(msg)
         return ControlPlaneError(msg)
 
-    def _wait_http(self, name: str, url: str, ok: Callable[[bytes], bool], *, timeout: float,
-                   client_cert: bool = False) -> None:
+    def _wait_http(
+        self, name: str, url: str, ok: Callable[[bytes], bool], *, timeout: float, client_cert: bool = False
+    ) -> None:
         comp = self._component(name)
         ctx = ssl.create_default_context()
         if client_cert and self.pki:
@@ -620,8 +704,7 @@ class ControlPlane:
         else:  # scheduler / controller-manager serve a self-signed certificate
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                             urllib.request.HTTPSHandler(context=ctx))
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
         deadline = time.monotonic() + timeout
         last = "no answer yet"
         while True:
@@ -645,18 +728,25 @@ class ControlPlane:
 
     def _write_kubeconfig(self, path: Path) -> None:
         assert self.pki is not None
+
         def b64(p: Path) -> str:
             return base64.b64encode(p.read_bytes()).decode()
 
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "e2e", "cluster": {
-                "server": self.server, "certificate-authority-data": b64(self.pki.ca_cert)}}],
-            "users": [{"name": ADMIN_USER, "user": {
-                "client-certificate-data": b64(self.pki.admin_cert),
-                "client-key-data": b64(self.pki.admin_key),
-            }}],
+            "clusters": [
+                {"name": "e2e", "cluster": {"server": self.server, "certificate-authority-data": b64(self.pki.ca_cert)}}
+            ],
+            "users": [
+                {
+                    "name": ADMIN_USER,
+                    "user": {
+                        "client-certificate-data": b64(self.pki.admin_cert),
+                        "client-key-data": b64(self.pki.admin_key),
+                    },
+                }
+            ],
             "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": ADMIN_USER}}],
             "current-context": "e2e",
         }
@@ -718,19 +808,29 @@ class ControlPlane:
 
     # -- kubectl ------------------------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, input: str | Mapping[str, Any] | list[Any] | None = None,
-                check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self,
+        *args: str,
+        input: str | Mapping[str, Any] | list[Any] | None = None,
+        check: bool = True,
+        timeout: float = 60.0,
+    ) -> subprocess.CompletedProcess[str]:
         """Run the real kubectl against this cluster. ``input`` may be text or a JSON-able object (sent as
         JSON on stdin, e.g. with ``-f -``). Raises KubectlError when ``check`` and kubectl fails."""
         if not self.server:
             raise ControlPlaneError("control plane not started")
         stdin = input if isinstance(input, str) or input is None else json.dumps(input)
-        cmd = [self.kubectl_path, f"--kubeconfig={self.kubeconfig}",
-               f"--cache-dir={self.workdir / 'kubectl-cache'}", *args]
+        cmd = [
+            self.kubectl_path,
+            f"--kubeconfig={self.kubeconfig}",
+            f"--cache-dir={self.workdir / 'kubectl-cache'}",
+            *args,
+        ]
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         try:
-            result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout,
-                                    env=env, check=False)
+            result = subprocess.run(
+                cmd, input=stdin, capture_output=True, text=True, timeout=timeout, env=env, check=False
+            )
         except subprocess.TimeoutExpired as exc:
             raise ControlPlaneError(f"kubectl {' '.join(args)} timed out after {timeout:.0f}s") from exc
         if check and result.returncode != 0:
@@ -748,8 +848,12 @@ class ControlPlane:
 
     # -- nodes and pods -----------------------------------------------------------------------------------
 
-    def create_nodes(self, path_or_objects: str | os.PathLike[str] | Mapping[str, Any]
-                     | Iterable[Mapping[str, Any]], *, mark_ready: bool = True) -> list[str]:
+    def create_nodes(
+        self,
+        path_or_objects: str | os.PathLike[str] | Mapping[str, Any] | Iterable[Mapping[str, Any]],
+        *,
+        mark_ready: bool = True,
+    ) -> list[str]:
         """Create Node objects including their ``status`` (capacity, allocatable). Accepts a YAML/JSON file
         (one or many documents, ``kind: List`` allowed), one object or a list of objects. With
         ``mark_ready`` a ``Ready=True`` condition is added to nodes that carry no conditions (there is no
@@ -768,40 +872,49 @@ class ControlPlane:
             n.setdefault("apiVersion", "v1")
             status = n.setdefault("status", {})
             if mark_ready and not status.get("conditions"):
-                status["conditions"] = [{
-                    "type": "Ready", "status": "True", "reason": "KubeletReady",
-                    "message": "fake node: no kubelet runs in the e2e control plane",
-                    "lastHeartbeatTime": stamp, "lastTransitionTime": stamp,
-                }]
-        self.kubectl("create", "-f", "-", "-o", "name",
-                     input={"apiVersion": "v1", "kind": "List", "items": nodes})
+                status["conditions"] = [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "fake node: no kubelet runs in the e2e control plane",
+                        "lastHeartbeatTime": stamp,
+                        "lastTransitionTime": stamp,
+                    }
+                ]
+        self.kubectl("create", "-f", "-", "-o", "name", input={"apiVersion": "v1", "kind": "List", "items": nodes})
         names = [n["metadata"]["name"] for n in nodes]
         stored = {n["metadata"]["name"]: n for n in self.get_json("nodes", *names)["items"]}
         for n in nodes:
             name = n["metadata"]["name"]
             want = n.get("status", {})
             have = stored.get(name, {}).get("status", {})
-            if any(not _same_quantities(want.get(k, {}), have.get(k, {}))
-                   for k in ("capacity", "allocatable")):
-                self.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
-                             "-p", json.dumps({"status": want}))
+            if any(not _same_quantities(want.get(k, {}), have.get(k, {})) for k in ("capacity", "allocatable")):
+                self.kubectl(
+                    "patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": want})
+                )
         return names
 
     def wait_for_scheduled(self, namespace: str, pod: str, timeout: float = 30.0) -> str:
         """Wait until the scheduler binds the pod; return its node name."""
+
         def bound() -> str | None:
             obj = self.get_json("pod", pod, "-n", namespace)
             return str(obj["spec"].get("nodeName") or "") or None
+
         return wait_until(bound, timeout=timeout, what=f"pod {namespace}/{pod} to be scheduled")
 
-    def wait_for_pods(self, namespace: str, selector: str, count: int, *, scheduled: bool = False,
-                      timeout: float = 30.0) -> list[dict[str, Any]]:
+    def wait_for_pods(
+        self, namespace: str, selector: str, count: int, *, scheduled: bool = False, timeout: float = 30.0
+    ) -> list[dict[str, Any]]:
         """Wait until ``count`` pods match the label selector (and are bound when ``scheduled``)."""
+
         def enough() -> list[dict[str, Any]] | None:
             items: list[dict[str, Any]] = self.get_json("pods", "-n", namespace, "-l", selector)["items"]
             if scheduled:
                 items = [p for p in items if p["spec"].get("nodeName")]
             return items if len(items) >= count else None
+
         what = f"{count} {'scheduled ' if scheduled else ''}pods matching {selector!r} in {namespace}"
         return wait_until(enough, timeout=timeout, what=what)
 
@@ -814,8 +927,9 @@ def _same_quantities(want: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
     return all(str(v) == str(have[k]) for k, v in want.items() if str(v).isdigit() and str(have[k]).isdigit())
 
 
-def _load_objects(src: str | os.PathLike[str] | Mapping[str, Any] | Iterable[Mapping[str, Any]]
-                  ) -> list[Mapping[str, Any]]:
+def _load_objects(
+    src: str | os.PathLike[str] | Mapping[str, Any] | Iterable[Mapping[str, Any]],
+) -> list[Mapping[str, Any]]:
     if isinstance(src, str | os.PathLike):
         path = Path(src)
         try:
@@ -856,8 +970,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             cp.create_nodes(ns.nodes)
         phases = ", ".join(f"{k} {v:.2f}s" for k, v in cp.phase_seconds.items())
         with contextlib.suppress(BrokenPipeError):
-            print(f"control plane ready in {cp.startup_seconds:.2f}s ({phases})\n"
-                  f"export KUBECONFIG={cp.kubeconfig}", flush=True)
+            print(
+                f"control plane ready in {cp.startup_seconds:.2f}s ({phases})\nexport KUBECONFIG={cp.kubeconfig}",
+                flush=True,
+            )
         if not ns.once:
             signal.signal(signal.SIGTERM, signal.default_int_handler)
             while True:

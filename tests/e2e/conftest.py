@@ -59,14 +59,14 @@ def _teardown_namespace(cp: ControlPlane, name: str, timeout: float = 30.0) -> N
         cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
         deadline = time.monotonic() + timeout
         while True:
-            cp.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force",
-                       "--wait=false", check=False)
+            cp.kubectl(
+                "delete", "pods", "--all", "-n", name, "--grace-period=0", "--force", "--wait=false", check=False
+            )
             left = cp.kubectl("get", "pods", "-n", name, "-o", "name", check=False).stdout.split()
             if not left:
                 return
             if time.monotonic() > deadline:
-                print(f"warning: namespace {name} still has pods after {timeout:.0f}s: {left}",
-                      file=sys.stderr)
+                print(f"warning: namespace {name} still has pods after {timeout:.0f}s: {left}", file=sys.stderr)
                 return
             time.sleep(0.2)
     except ControlPlaneError as exc:  # the control plane itself is gone; the session fixture reports it

@@ -15,16 +15,16 @@ pytestmark = pytest.mark.e2e
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: no kubelet runs
 
 
-def pod(name: str, limits: dict[str, str] | None = None, *, node_selector: dict[str, str] | None = None
-        ) -> dict[str, Any]:
+def pod(
+    name: str, limits: dict[str, str] | None = None, *, node_selector: dict[str, str] | None = None
+) -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "64Mi"}}
     if limits:
         resources["limits"] = dict(limits)
     spec: dict[str, Any] = {"containers": [{"name": "main", "image": PAUSE_IMAGE, "resources": resources}]}
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
-            "spec": spec}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}}, "spec": spec}
 
 
 def node_labels(cp: ControlPlane, node: str) -> dict[str, str]:
@@ -61,9 +61,14 @@ def test_eight_gpus_bind_to_an_h100_node(control_plane: ControlPlane, namespace:
     # Whole cards only: without this selector the time-sliced l4-ts-1 (16 units of nvidia.com/gpu) fits
     # eight "GPUs" too, and the scheduler may pick it -- exactly the mistake the webhook exists to stop.
     # Among the unshared nodes only the H100s have 8 (a100-mig-1 keeps 2 whole cards).
-    control_plane.kubectl("create", "-n", namespace, "-f", "-",
-                          input=pod("trainer", {"nvidia.com/gpu": "8"},
-                                    node_selector={"nvidia.com/gpu.sharing-strategy": "none"}))
+    control_plane.kubectl(
+        "create",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=pod("trainer", {"nvidia.com/gpu": "8"}, node_selector={"nvidia.com/gpu.sharing-strategy": "none"}),
+    )
     node = control_plane.wait_for_scheduled(namespace, "trainer")
     assert node_labels(control_plane, node)["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     obj = control_plane.get_json("pod", "trainer", "-n", namespace)
@@ -73,14 +78,14 @@ def test_eight_gpus_bind_to_an_h100_node(control_plane: ControlPlane, namespace:
 
 
 def test_mig_slice_binds_to_the_mig_node(control_plane: ControlPlane, namespace: str) -> None:
-    control_plane.kubectl("create", "-n", namespace, "-f", "-",
-                          input=pod("slice", {"nvidia.com/mig-1g.10gb": "1"}))
+    control_plane.kubectl("create", "-n", namespace, "-f", "-", input=pod("slice", {"nvidia.com/mig-1g.10gb": "1"}))
     assert control_plane.wait_for_scheduled(namespace, "slice") == "a100-mig-1"
 
 
 def test_unsatisfiable_request_stays_unscheduled(control_plane: ControlPlane, namespace: str) -> None:
-    control_plane.kubectl("create", "-n", namespace, "-f", "-",
-                          input=pod("greedy", {"nvidia.com/gpu": "17"}))  # l4-ts-1 has 16
+    control_plane.kubectl(
+        "create", "-n", namespace, "-f", "-", input=pod("greedy", {"nvidia.com/gpu": "17"})
+    )  # l4-ts-1 has 16
 
     def unschedulable() -> str | None:
         obj = control_plane.get_json("pod", "greedy", "-n", namespace)
@@ -95,13 +100,13 @@ def test_unsatisfiable_request_stays_unscheduled(control_plane: ControlPlane, na
 
 def test_deployment_is_expanded_into_pods(control_plane: ControlPlane, namespace: str) -> None:
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": "web"},
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": {"app": "web"}},
-            "template": {"metadata": {"labels": {"app": "web"}},
-                         "spec": pod("unused")["spec"]},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": pod("unused")["spec"]},
         },
     }
     control_plane.kubectl("create", "-n", namespace, "-f", "-", input=deployment)
@@ -114,7 +119,8 @@ def test_deployment_is_expanded_into_pods(control_plane: ControlPlane, namespace
 
 def test_job_is_expanded_into_a_pod(control_plane: ControlPlane, namespace: str) -> None:
     job = {
-        "apiVersion": "batch/v1", "kind": "Job",
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": {"name": "train"},
         "spec": {"template": {"spec": {**pod("unused")["spec"], "restartPolicy": "Never"}}},
     }
@@ -124,8 +130,7 @@ def test_job_is_expanded_into_a_pod(control_plane: ControlPlane, namespace: str)
 
 
 def test_bound_pod_is_deleted_with_grace_period_zero(control_plane: ControlPlane, namespace: str) -> None:
-    control_plane.kubectl("create", "-n", namespace, "-f", "-",
-                          input=pod("victim", {"nvidia.com/gpu": "1"}))
+    control_plane.kubectl("create", "-n", namespace, "-f", "-", input=pod("victim", {"nvidia.com/gpu": "1"}))
     control_plane.wait_for_scheduled(namespace, "victim")
     # --force is required: kubectl turns a bare --grace-period=0 into 1s, and without a kubelet a graceful
     # deletion of a bound pod never completes.
