@@ -467,6 +467,10 @@ def test_pod_webhooks_skip_mirror_pods_and_create_only(rendered: list[dict[str, 
         ), f"{h['name']}: skip mirror pods"
 
 
+# The validating conditions' test for our keys, on `labels` or `annotations` of some metadata.
+USER_KEY_CLAUSE = "{where}.exists(k, k.startsWith('gpu-admission.io/'))"
+
+
 def test_gpu_workload_webhooks_have_a_gpu_condition(rendered: list[dict[str, Any]]) -> None:
     for _, h in all_webhooks(rendered):
         touches_workloads = any(
@@ -475,8 +479,29 @@ def test_gpu_workload_webhooks_have_a_gpu_condition(rendered: list[dict[str, Any
         )  # fmt: skip
         if touches_workloads:
             text = " ".join(c["expression"] for c in h["matchConditions"])
-            assert "'nvidia.com/'" in text and "'gpu-admission.io/gpu-memory'" in text, h["name"]
+            assert "'nvidia.com/'" in text, h["name"]
             assert "initContainers" in text and "limits" in text and "requests" in text, h["name"]
+            if _verb_of(h) == "validate":  # any gpu-admission.io/ key: a typo on a CPU object is denied
+                assert USER_KEY_CLAUSE.format(where="labels") in text, h["name"]
+                assert USER_KEY_CLAUSE.format(where="annotations") in text, h["name"]
+            else:  # nothing to mutate on a CPU object, except a gpu-memory ask (it becomes a MIG slice)
+                assert "'gpu-admission.io/gpu-memory'" in text and "'gpu-admission.io/'" not in text, h["name"]
+
+
+def test_validating_user_key_clause_covers_the_object_and_every_pod_template(rendered: list[dict[str, Any]]) -> None:
+    """Wherever the mutating twin looks for the gpu-memory annotation (each pod template; the Pod itself), the
+    validating webhook looks for any gpu-admission.io/ label or annotation; plus the object's own metadata."""
+    mutating = {_family_of(h): h for k, h in all_webhooks(rendered) if k.startswith("Mutating")}
+    validating = {_family_of(h): h for k, h in all_webhooks(rendered) if k.startswith("Validating")}
+    assert set(mutating) == set(FAMILIES) and set(FAMILIES) <= set(validating)
+    for family, m in mutating.items():
+        places = " ".join(c["expression"] for c in m["matchConditions"]).count("'gpu-admission.io/gpu-memory' in")
+        text = " ".join(c["expression"] for c in validating[family]["matchConditions"])
+        expected = places + (0 if family == "pods" else 1)
+        for where in ("metadata.labels", "metadata.annotations"):
+            assert text.count(USER_KEY_CLAUSE.format(where=where)) == expected, (family, where)
+        assert text.count("object.metadata.labels.exists(") == 1, family
+        assert "'gpu-admission.io/gpu-memory'" not in text, f"{family}: subsumed by the prefix test"
 
 
 # -- CEL: structure --------------------------------------------------------------------------------------
@@ -654,8 +679,80 @@ def _family_of(hook: dict[str, Any]) -> str:
     return hook["name"].split(".", 1)[0]
 
 
-def cel_cases(family: str) -> Iterator[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None, str, bool]]:
-    """(description, operation, object, oldObject, request name, expected match) for one webhook family."""
+def _verb_of(hook: dict[str, Any]) -> str:
+    return hook["name"].split(".")[1]
+
+
+# gpu-admission.io/ keys the engine rejects (unknown key, unparsable value): a GPU ask that never happened.
+TYPO_ANNOTATIONS = {"gpu-admission.io/gpu-memry": "10Gi"}
+BAD_LABELS = {"gpu-admission.io/workload": "trainig"}
+# Keys that only look like ours: another prefix, no slash, our prefix in a value.
+LOOKALIKE_LABELS = {"gpu-admission.io": "x", "team.gpu-admission.io/owner": "x", "app": "gpu-admission.io"}
+LOOKALIKE_ANNOTATIONS = {"example.com/gpu-admission.io": "x", "note": "gpu-admission.io/gpu-memory: 10Gi"}
+
+
+def _with_meta(
+    obj: dict[str, Any], labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A copy of `obj` (an object or a pod template) with extra labels / annotations in its metadata."""
+    obj = copy.deepcopy(obj)
+    metadata = obj.setdefault("metadata", {})
+    if labels:
+        metadata["labels"] = {**metadata.get("labels", {}), **labels}
+    if annotations:
+        metadata["annotations"] = {**metadata.get("annotations", {}), **annotations}
+    return obj
+
+
+def _user_key_cases(
+    family: str, kind: str, wrap: Callable[[dict[str, Any]], dict[str, Any]], verb: str
+) -> Iterator[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None, str, bool]]:
+    """CPU-only objects with and without gpu-admission.io/ keys: the validating webhook must see every key (the
+    engine denies unknown or unparsable ones); the mutating webhook, with nothing to mutate, none of them."""
+    call = verb == "validate"
+    cpu = _pod_template(CPU)
+    lookalike = _with_meta(cpu, LOOKALIKE_LABELS, LOOKALIKE_ANNOTATIONS)
+    creates = [
+        ("CPU only, bad gpu-admission.io/ label on the pod template", wrap(_with_meta(cpu, BAD_LABELS)), call),
+        ("CPU only, typo gpu-admission.io/ annotation on the pod template",
+         wrap(_with_meta(cpu, annotations=TYPO_ANNOTATIONS)), call),
+        ("no resources, typo gpu-admission.io/ annotation on the pod template",
+         wrap(_with_meta(_pod_template(None), annotations=TYPO_ANNOTATIONS)), call),
+        ("CPU only, look-alike keys on the pod template", wrap(lookalike), False),
+    ]  # fmt: skip
+    if family == "pods":
+        for desc, obj, expected in creates:
+            yield f"{kind}: {desc}", "CREATE", obj, None, "w", expected
+        keyed = wrap(_with_meta(cpu, annotations=TYPO_ANNOTATIONS))
+        yield f"{kind}: DELETE of a keyed CPU pod (object is null)", "DELETE", None, keyed, "w", False
+        return
+    plain = wrap(cpu)
+    bare = {k: v for k, v in cpu.items() if k != "metadata"}  # a pod template without metadata
+    keyed = _with_meta(plain, BAD_LABELS)
+    creates += [
+        ("CPU only, bad gpu-admission.io/ label on the object", keyed, call),
+        ("CPU only, typo gpu-admission.io/ annotation on the object",
+         _with_meta(plain, annotations=TYPO_ANNOTATIONS), call),
+        ("CPU only, look-alike keys on the object and the pod template",
+         _with_meta(wrap(lookalike), LOOKALIKE_LABELS, LOOKALIKE_ANNOTATIONS), False),
+        ("pod template without metadata, no keys", wrap(bare), False),
+        ("pod template without metadata, key on the object",
+         _with_meta(wrap(bare), annotations=TYPO_ANNOTATIONS), call),
+        ("empty spec, key on the object", _obj("X", {}, labels=BAD_LABELS), call),
+    ]  # fmt: skip
+    for desc, obj, expected in creates:
+        yield f"{kind}: {desc}", "CREATE", obj, None, "w", expected
+    yield f"{kind}: UPDATE adds a gpu-admission.io/ label to a CPU object", "UPDATE", keyed, plain, "w", call
+    yield f"{kind}: UPDATE of a keyed CPU object, nothing changed", "UPDATE", keyed, keyed, "w", False
+    yield f"{kind}: UPDATE removes the key from a CPU object", "UPDATE", plain, keyed, "w", False
+    yield f"{kind}: DELETE of a keyed CPU object (object is null)", "DELETE", None, keyed, "w", False
+
+
+def cel_cases(
+    family: str, verb: str = "validate"
+) -> Iterator[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None, str, bool]]:
+    """(description, operation, object, oldObject, request name, expected match) for one webhook family, as
+    seen by its `verb` (validate or mutate) webhook."""
     if family in ("horizontalpodautoscalers", "scaledobjects"):
         spec = {"scaleTargetRef": {"kind": "Deployment", "name": "d"}, "minReplicas": 1}
         obj = _obj("HPA", spec)
@@ -684,6 +781,7 @@ def cel_cases(family: str) -> Iterator[tuple[str, str, dict[str, Any] | None, di
         yield "generateName", "CREATE", generated, None, "", False
         return
     for kind, wrap in FAMILIES[family].items():
+        yield from _user_key_cases(family, kind, wrap, verb)
         gpu = wrap(_pod_template(GPU))
         yield f"{kind}: GPU limit", "CREATE", gpu, None, "w", True
         yield f"{kind}: GPU request only", "CREATE", wrap(_pod_template(GPU_REQUESTS)), None, "w", True
@@ -758,7 +856,7 @@ def test_cel_conditions_on_sample_objects(rendered: list[dict[str, Any]]) -> Non
     for _, hook in all_webhooks(rendered):
         family = _family_of(hook)
         families_seen.add(family)
-        cases = list(cel_cases(family))
+        cases = list(cel_cases(family, _verb_of(hook)))
         assert cases, f"no sample objects for {hook['name']}"
         for desc, op, obj, old, name, expected in cases:
             try:
@@ -772,7 +870,8 @@ def test_cel_conditions_on_sample_objects(rendered: list[dict[str, Any]]) -> Non
 def test_cel_cases_as_json_for_the_e2e_dry_run() -> None:
     """The sample cases serialise (the e2e suite can replay them against a real API server)."""
     for family in [*FAMILIES, "horizontalpodautoscalers", "scaledobjects", "policy"]:
-        json.dumps(list(cel_cases(family)))
+        for verb in ("mutate", "validate"):
+            json.dumps(list(cel_cases(family, verb)))
 
 
 # -- RBAC ------------------------------------------------------------------------------------------------
