@@ -34,7 +34,12 @@ def register(sub: Any) -> None:
     p.add_argument("--nodes", metavar="FILE", help="a fixed inventory instead of watching Nodes")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: KUBECONFIG, ~/.kube, in-cluster)")
     p.add_argument("--no-kube", action="store_true", help="never talk to a cluster (clusterless runs)")
-    p.add_argument("--max-inflight", type=int, default=64, help="reviews decided at once before 429 (default 64)")
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=256,
+        help="requests queued or in progress beyond which new ones get 429 at once (default 256)",
+    )
     p.add_argument("--max-body", type=int, default=8 * 2**20, help="largest request body in bytes (default 8 MiB)")
     p.add_argument("--shutdown-delay", type=float, default=0.0, metavar="SECONDS",
                    help="on SIGTERM, fail /readyz and keep serving this long before closing (default 0)")  # fmt: skip
@@ -144,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
     from certs.errors import CertError
     from webhook import audit as audit_mod
-    from webhook.app import ServerConfig, create_app
+    from webhook.app import ServerConfig, create_app, fast_path
     from webhook.metrics import Metrics
     from webhook.state import State
 
@@ -204,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     )
     app = create_app(state, metrics=Metrics(), audit=audit, config=cfg)
     config = uvicorn.Config(
-        app,
+        fast_path(app),
         host=args.host,
         port=args.port,
         log_config=None,
@@ -237,6 +242,9 @@ def run(args: argparse.Namespace) -> int:
             self.should_exit = True
 
     server = Server(config)
+    # Requests uvicorn has started tasks for (queued on the loop or running): the overload signal. Open
+    # idle keep-alive connections do not count, so an API server's connection pool never trips it.
+    cfg.backlog = lambda: len(server.server_state.tasks)
     reloader.start()
     log.info(
         "serving",
