@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
@@ -81,20 +82,25 @@ class CertReloader:
         except Exception:
             return 0.0
 
-    def start(self) -> None:
-        threading.Thread(target=self._loop, name="cert-reload", daemon=True).start()
-
-    def _loop(self) -> None:
+    async def watch(self) -> None:
+        """Poll the files; apply a rotated pair ON THE EVENT LOOP. Handshakes run on the loop too, and each
+        new connection copies the context's pair when it starts, so swapping certificate and key inside one
+        loop callback means no handshake ever sees the new certificate with the old key (which a swap from
+        another thread allowed: a client saw an aborted handshake)."""
         from certs.errors import CertError
         from certs.store import load_pair
         from certs.tlsconfig import load_into_context
 
-        while not self._stop.wait(self.interval):
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            await asyncio.sleep(self.interval)
             stamp = self._mtime()
             if stamp == self._stamp:
                 continue
-            try:
-                pair = load_pair(self.cert.parent, cert_name=self.cert.name, key_name=self.key.name)
+            try:  # read and verify off the loop: it may retry while a writer is mid-rotation
+                pair = await loop.run_in_executor(
+                    None, lambda: load_pair(self.cert.parent, cert_name=self.cert.name, key_name=self.key.name)
+                )
                 load_into_context(self.context, pair)
             except CertError as exc:
                 self.error = str(exc)
@@ -236,6 +242,10 @@ def run(args: argparse.Namespace) -> int:
             else:
                 self._stop_now(sig)
 
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            self._cert_task = asyncio.get_running_loop().create_task(reloader.watch())
+
         def _stop_now(self, sig: int) -> None:
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
@@ -245,7 +255,6 @@ def run(args: argparse.Namespace) -> int:
     # Requests uvicorn has started tasks for (queued on the loop or running): the overload signal. Open
     # idle keep-alive connections do not count, so an API server's connection pool never trips it.
     cfg.backlog = lambda: len(server.server_state.tasks)
-    reloader.start()
     log.info(
         "serving",
         extra={"port": args.port, "policy_hash": state.snapshot().policy.hash, "pid": os.getpid()},
