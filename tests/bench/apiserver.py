@@ -1,0 +1,594 @@
+"""API server benchmark: pod-create latency through a real kube-apiserver, three admission configurations.
+
+One control plane (tests/e2e/cluster.py: etcd, kube-apiserver, scheduler, controller-manager) with the example
+GPU nodes, and in turn on that same API server:
+
+- none:    no admission webhook or policy of ours (the baseline);
+- noop:    a reference floor: the same webhook configurations (rules, matchConditions) pointed at a no-op
+           webhook in Go (loadgen -serve: allowed, no patch, HTTP/1.1 like ours) — what calling out costs;
+- webhook: our mutating and validating webhooks, registered from deploy/ exactly as operators install them
+           (tests/e2e/webhook.py), served by a real `gpu-admission serve` process on loopback;
+- cel:     a subset of our validation rules as a ValidatingAdmissionPolicy + binding (tests/bench/cel.py).
+
+The load generator creates the same GPU pods in every configuration (corpus.apiserver_pods, unique names) with
+1, 20 and 100 concurrent clients (closed loop, one keep-alive connection each, HTTP/1.1), authenticated with
+the admin client certificate of the kubeconfig the control plane writes. Each run gets a fresh namespace;
+its pods are deleted in bulk (deletecollection, grace period 0) afterwards. Configurations are interleaved
+(none, webhook, cel, none, …) so that the machine's noise falls on all three alike, and each figure is the
+median over the repetitions.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from tests.bench import cel, common, corpus, driver, variants
+from tests.e2e.cluster import DEFAULT_NODES_FILE, ControlPlane, build_binaries
+
+CONFIGS = ("none", "noop", "webhook", "cel")
+NOOP_SUFFIX = ".noop-bench.example.com"
+CONCURRENCY = (1, 20, 100)
+TARGET_P50_DELTA_MS = 2.0
+TARGET_P99_RATIO = 1.2
+TARGET_CLIENTS = 20
+PRIORITY_CLASSES = ("training-normal",)  # referenced by the pods (the Priority admission plugin checks)
+_METRIC = re.compile(r"^(?P<name>[a-z_:]+)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
+
+
+def credentials(kubeconfig: Path, directory: Path) -> dict[str, str]:
+    """CA, client certificate and key files from the admin kubeconfig the control plane wrote."""
+    cfg = yaml.safe_load(kubeconfig.read_text())
+    cluster = cfg["clusters"][0]["cluster"]
+    user = cfg["users"][0]["user"]
+    out = {"server": cluster["server"]}
+    for key, field in (
+        ("ca", cluster.get("certificate-authority-data")),
+        ("cert", user.get("client-certificate-data")),
+        ("key", user.get("client-key-data")),
+    ):
+        path = directory / f"admin-{key}.pem"
+        path.write_bytes(base64.b64decode(field or ""))
+        path.chmod(0o600)
+        out[key] = str(path)
+    return out
+
+
+def admission_metrics(cp: ControlPlane) -> dict[str, tuple[float, float]]:
+    """(sum seconds, count) per admission webhook and per validating admission policy, from /metrics."""
+    text = cp.kubectl("get", "--raw", "/metrics").stdout
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if not line.startswith(
+            (
+                "apiserver_admission_webhook_admission_duration_seconds_",
+                "apiserver_validating_admission_policy_check_duration_seconds_",
+            )
+        ):
+            continue
+        m = _METRIC.match(line)
+        if not m or not m.group("name").endswith(("_sum", "_count")):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels")))
+        who = labels.get("name") or labels.get("policy") or "?"
+        acc = out.setdefault(who, [0.0, 0.0])
+        acc[0 if m.group("name").endswith("_sum") else 1] += float(m.group("value"))
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def _probe_mutated(cp: ControlPlane) -> bool:
+    """Would a GPU training pod be mutated by our webhook right now (dry run)?"""
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "bench-probe",
+            "namespace": "default",
+            "labels": {"gpu-admission.io/job": "probe", "gpu-admission.io/workload": "training"},
+            "annotations": {"gpu-admission.io/job-gpus": "16"},
+        },
+        "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+    }
+    r = cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=probe, check=False)
+    return r.returncode == 0 and "podAffinity" in r.stdout
+
+
+def _probe_denied(cp: ControlPlane) -> str:
+    """The denial of a pod all our rules reject (dry run), or '' when it would be created."""
+    r = cp.kubectl("create", "--dry-run=server", "-f", "-", input=cel.violating_pod("default"), check=False)
+    return "" if r.returncode == 0 else (r.stderr or r.stdout)
+
+
+class Configs:
+    """Switches the one API server between the configurations."""
+
+    def __init__(self, cp: ControlPlane, variant: str) -> None:
+        from tests.e2e.webhook import Webhook
+        from tests.serverproc import free_port
+
+        self.cp = cp
+        self.webhook = _start_webhook(Webhook, cp, variant, ())
+        port = free_port()
+        tls = self.webhook.tls
+        self.noop = driver.serve_noop(port, str(tls / "tls.crt"), str(tls / "tls.key"))
+        self.noop_configs = []
+        for cfg in self.webhook.configs:
+            cfg = copy.deepcopy(cfg)
+            cfg["metadata"]["name"] = "noop-bench"
+            for wh in cfg["webhooks"]:
+                wh["name"] = wh["name"].replace(".gpu-admission.io", NOOP_SUFFIX)
+                url = wh["clientConfig"]["url"]
+                wh["clientConfig"]["url"] = f"https://127.0.0.1:{port}/" + url.split("/", 3)[3]
+            self.noop_configs.append(cfg)
+        self.current = "webhook"
+        self.set("none")
+
+    def _noop_active(self) -> bool:
+        def calls() -> float:
+            return sum(c for k, (_, c) in admission_metrics(self.cp).items() if k.endswith(NOOP_SUFFIX))
+
+        before = calls()
+        _probe_mutated(self.cp)
+        return calls() > before
+
+    def set(self, name: str, timeout: float = 60.0) -> None:
+        cp = self.cp
+        wanted = {
+            "webhook": self.webhook.configs,
+            "noop": self.noop_configs,
+            "cel": cel.objects(),
+        }
+        for other, objs in wanted.items():
+            if other != name:
+                for obj in reversed(objs):
+                    cp.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found")
+        if name in wanted:
+            cp.kubectl("apply", "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": wanted[name]})
+        deadline = time.monotonic() + timeout
+        while True:
+            denial = _probe_denied(cp)
+            mutated = _probe_mutated(cp)
+            noop = self._noop_active()
+            ok = {
+                "none": not denial and not mutated and not noop,
+                "noop": noop and not denial and not mutated,
+                "webhook": mutated and "gpu-admission.io" in denial and not noop,
+                "cel": "ValidatingAdmissionPolicy" in denial and not mutated and not noop,
+            }[name]
+            if ok:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"configuration {name!r} did not take effect: {denial.strip()[:300]}")
+            time.sleep(0.3)
+        time.sleep(1.0)  # every API server informer has seen the change, not just the one that answered
+        self.current = name
+
+    def close(self) -> None:
+        self.noop.terminate()
+        self.noop.wait(10)
+        for cfg in self.noop_configs:
+            self.cp.kubectl("delete", cfg["kind"].lower(), cfg["metadata"]["name"], "--ignore-not-found", check=False)
+        self.webhook.close()
+
+
+def _start_webhook(cls: Any, cp: ControlPlane, variant: str, extra: tuple[str, ...]) -> Any:
+    """tests.e2e.webhook.Webhook, with the server process of a variant's environment when one is asked."""
+    env = variants.env_for(variant)
+    if env is None:
+        return cls(cp, *extra)
+    import tests.serverproc as serverproc
+
+    original = serverproc.ServerProcess.__init__
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        k.setdefault("env", env)
+        original(self, *a, **k)
+
+    serverproc.ServerProcess.__init__ = init  # type: ignore[method-assign]
+    try:
+        return cls(cp, *extra)
+    finally:
+        serverproc.ServerProcess.__init__ = original  # type: ignore[method-assign]
+
+
+TARGET_RELOAD_S = 2.0
+TYPO_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "reload-probe", "namespace": "default", "annotations": {"gpu-admission.io/gpu-memry": "1Gi"}},
+    "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+}
+
+
+def measure_reload(cp: ControlPlane, toggles: int) -> dict[str, Any]:
+    """Seconds from a policy ConfigMap edit (kubectl patch returned) to the first dry-run create that shows the
+    new policy: gpu-admission-annotations toggled between enforce (the typo pod is denied) and warn (allowed)."""
+    from tests.e2e.webhook import NAMESPACE, POLICY_CONFIGMAP
+
+    def set_policy(text: str) -> None:
+        patch = orjson.dumps({"data": {"policy.yaml": text}}).decode()
+        cp.kubectl("patch", "configmap", POLICY_CONFIGMAP, "-n", NAMESPACE, "--type=merge", "-p", patch)
+
+    original = str(cp.get_json("configmap", POLICY_CONFIGMAP, "-n", NAMESPACE)["data"]["policy.yaml"])
+    warn = original.replace("gpu-admission-annotations: enforce", "gpu-admission-annotations: warn")
+    if warn == original:
+        return {"error": "the policy has no 'gpu-admission-annotations: enforce' line to toggle"}
+    took: list[float] = []
+    try:
+        for k in range(toggles):
+            to_warn = k % 2 == 0
+            set_policy(warn if to_warn else original)
+            t0 = time.monotonic()
+            while True:
+                r = cp.kubectl("create", "--dry-run=server", "-f", "-", input=TYPO_POD, check=False)
+                if (r.returncode == 0) == to_warn:
+                    break
+                if time.monotonic() - t0 > 30:
+                    return {"error": "a policy edit did not take effect within 30 s", "runs_s": took}
+                time.sleep(0.02)
+            took.append(round(time.monotonic() - t0, 3))
+    finally:
+        set_policy(original)
+    return {
+        "toggles": toggles,
+        "median_s": common.rnd(common.median(took), 3),
+        "max_s": max(took),
+        "runs_s": took,
+        "target_s": TARGET_RELOAD_S,
+        "met": max(took) <= TARGET_RELOAD_S,
+        "resolution": "one kubectl dry-run per poll (~0.1 s)",
+    }
+
+
+def _taskset(pid: int, cpus: str) -> None:
+    subprocess.run(["taskset", "-a", "-pc", cpus, str(pid)], capture_output=True, check=False)
+
+
+def can_isolate() -> bool:
+    return (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
+
+
+def place(cp: ControlPlane, configs: Configs, placement: str) -> str | None:
+    """Pin processes for a placement; returns the CPU list for the load generator (None: float).
+
+    isolated: the control plane (etcd, API server, scheduler, controller-manager) and the load generator on
+              CPU 0, the webhook servers (ours, the no-op) on CPU 1 — as when a webhook runs on a node of its own;
+    shared:   everything floats over all CPUs — the webhook competes with the API server for the same cores.
+    """
+    everything = f"0-{(os.cpu_count() or 1) - 1}"
+    control = [c.proc.pid for c in getattr(cp, "_components", []) if c.proc is not None]
+    server = configs.webhook.server
+    webhooks = [configs.noop.pid] + ([server.proc.pid] if server is not None else [])
+    if placement == "isolated":
+        for pid in control:
+            _taskset(pid, "0")
+        for pid in webhooks:
+            _taskset(pid, "1")
+        return "0"
+    for pid in control + webhooks:
+        _taskset(pid, everything)
+    return None
+
+
+def _cleanup(cp: ControlPlane, namespace: str, timeout: float = 120.0) -> None:
+    cp.kubectl("delete", "--raw", f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0", check=False)
+    cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = cp.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.split()
+        if not left:
+            break
+        cp.kubectl("delete", "--raw", f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0", check=False)
+        time.sleep(0.5)
+    time.sleep(1.0)  # let etcd compaction, watchers and the namespace controller settle
+
+
+def _audit_size(configs: Configs) -> int:
+    server = configs.webhook.server
+    return server.audit.stat().st_size if server is not None and server.audit.exists() else 0
+
+
+def _server_side(configs: Configs, offset: int) -> dict[str, Any]:
+    """p50/p99 of the webhook server's own latency (audit log latencyMs) per webhook, since byte `offset`."""
+    server = configs.webhook.server
+    if server is None or not server.audit.exists():
+        return {}
+    with server.audit.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().splitlines()
+    by: dict[str, list[float]] = {}
+    for line in lines:
+        try:
+            rec = orjson.loads(line)
+            by.setdefault(str(rec["webhook"]), []).append(float(rec["latencyMs"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return {
+        w: {
+            "p50_ms": common.rnd(common.percentile(v, 50), 3),
+            "p99_ms": common.rnd(common.percentile(v, 99), 3),
+            "n": len(v),
+        }
+        for w, v in by.items()
+    }
+
+
+def one_run(
+    cp: ControlPlane,
+    configs: Configs,
+    creds: dict[str, str],
+    bodies: list[Path],
+    config: str,
+    clients: int,
+    count: int,
+    warmup: int,
+    cpus: str | None,
+) -> dict[str, Any]:
+    namespace = f"bench-{config}-c{clients}-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("create", "namespace", namespace)
+    url = f"{creds['server']}/api/v1/namespaces/{namespace}/pods"
+    reqs = [a for b in bodies for a in ("-req", f"{url}@{b}")]
+    auth = ["-cacert", creds["ca"], "-cert", creds["cert"], "-key", creds["key"]]
+    try:
+        if warmup:
+            driver.run([*auth, "-c", str(clients), "-n", str(warmup), *reqs], cpus=cpus)  # connections, caches
+        before = admission_metrics(cp)
+        audit_at = _audit_size(configs)
+        res = driver.run(
+            [
+                *auth,
+                "-c",
+                str(clients),
+                "-n",
+                str(count),
+                "-conns",
+                str(clients),
+                "-timeout",
+                "30s",
+                "-offset",
+                str(warmup),
+                *reqs,
+            ],
+            cpus=cpus,
+        )
+        after = admission_metrics(cp)
+        if config == "webhook":
+            time.sleep(0.3)  # the audit writer is asynchronous
+            res["webhook_server_side"] = _server_side(configs, audit_at)
+    finally:
+        _cleanup(cp, namespace)
+    calls = {}
+    for who, (s1, c1) in after.items():
+        s0, c0 = before.get(who, (0.0, 0.0))
+        if c1 > c0:
+            calls[who] = {"calls": int(c1 - c0), "mean_ms": round((s1 - s0) / (c1 - c0) * 1000, 3)}
+    res["admission"] = calls
+    res["namespace"] = namespace
+    res["loadavg"] = (common.loadavg() or [None])[0]
+    return res
+
+
+def run(quick: bool = False, variant: str = "baseline") -> dict[str, Any]:
+    reps = 1 if quick else 3
+    counts = {1: 20, 20: 100, 100: 200} if quick else {1: 300, 20: 1500, 100: 3000}
+    driver.build()
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-bench-"))
+    bodies = []
+    for k, pod in enumerate(corpus.apiserver_pods()):
+        path = tmp / f"pod-{k}.json"
+        path.write_bytes(orjson.dumps(pod))
+        bodies.append(path)
+    t0 = time.monotonic()
+    cp = ControlPlane(build_binaries()).start()
+    configs: Configs | None = None
+    try:
+        cp.create_nodes(DEFAULT_NODES_FILE)
+        for pc in PRIORITY_CLASSES:
+            cp.kubectl("create", "priorityclass", pc, "--value=1000", check=False)
+        version = cp.server_version().get("gitVersion", "")
+        creds = credentials(cp.kubeconfig, tmp)
+        configs = Configs(cp, variant)
+        common.say(
+            f"apiserver ({variant}): kube-apiserver {version}, control plane + webhook ready in "
+            f"{time.monotonic() - t0:.1f}s; {reps} rep(s), pods per run {counts}"
+        )
+        placements = ["isolated"] if can_isolate() else []
+        if not quick or not placements:
+            placements.append("shared")
+        runs: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {
+            p: {c: {n: [] for n in CONCURRENCY} for c in CONFIGS} for p in placements
+        }
+        for placement in placements:
+            cpus = place(cp, configs, placement)
+            for rep in range(reps):
+                order = CONFIGS[rep % len(CONFIGS) :] + CONFIGS[: rep % len(CONFIGS)]  # rotate: no order bias
+                for clients in CONCURRENCY:
+                    for config in order:
+                        configs.set(config)
+                        res = one_run(
+                            cp,
+                            configs,
+                            creds,
+                            bodies,
+                            config,
+                            clients,
+                            counts[clients],
+                            warmup=max(clients, 10),
+                            cpus=cpus,
+                        )
+                        runs[placement][config][clients].append(res)
+                        lat = res.get("latency_ms", {})
+                        common.say(
+                            f"  {placement} rep {rep + 1}/{reps} {clients:>3} clients {config:>7}: "
+                            f"{res['achieved_rate']:7.1f} pods/s p50 {lat.get('p50', float('nan')):7.2f} ms "
+                            f"p99 {lat.get('p99', float('nan')):7.2f} ms errors {res['errors'] or 0} "
+                            f"webhook calls {res['admission']} (load {res['loadavg']})"
+                        )
+        configs.set("webhook")
+        reload = measure_reload(cp, 3 if quick else 10)
+        common.say(f"  policy reload: {reload}")
+        cp.check_alive()
+    finally:
+        if configs is not None:
+            configs.close()
+        cp.stop()
+    result: dict[str, Any] = {"placements": {p: summarize(r) for p, r in runs.items()}}
+    result["headline_placement"] = placements[0]
+    result["targets"] = dict(result["placements"][placements[0]]["targets"])
+    result["reload"] = reload
+    if "met" in reload:
+        result["targets"]["policy_reload"] = {
+            "target_s": TARGET_RELOAD_S,
+            "max_s": reload["max_s"],
+            "median_s": reload["median_s"],
+            "met": reload["met"],
+        }
+    result.update(
+        part="apiserver",
+        variant=variant,
+        quick=quick,
+        kube_apiserver=version,
+        repetitions=reps,
+        pods_per_run=counts,
+        machine=common.machine(),
+        pods=[p.name for p in bodies],
+        configurations={
+            "none": "no admission webhook or policy of ours",
+            "noop": "reference: the same webhook configurations pointed at a no-op Go webhook (HTTP/1.1)",
+            "webhook": "gpu-admission mutating + validating webhooks from deploy/, serve on loopback",
+            "cel": "ValidatingAdmissionPolicy + binding: "
+            + "; ".join(v["message"].split(":")[0] for v in cel.VALIDATIONS),
+        },
+    )
+    report(result)
+    return result
+
+
+def summarize(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any]:
+    table: dict[str, dict[str, Any]] = {}
+    for config, by_clients in runs.items():
+        for clients, rs in by_clients.items():
+
+            def med(key: str, rs: list[dict[str, Any]] = rs) -> float:
+                return common.rnd(common.median(r.get("latency_ms", {}).get(key, float("nan")) for r in rs), 3)
+
+            adm: dict[str, list[float]] = {}
+            side: dict[str, list[float]] = {}
+            for r in rs:
+                for who, a in r.get("admission", {}).items():
+                    adm.setdefault(who, []).append(a["mean_ms"])
+                for who, a in r.get("webhook_server_side", {}).items():
+                    side.setdefault(who, []).append(a["p50_ms"])
+            table.setdefault(config, {})[str(clients)] = {
+                "p50_ms": med("p50"),
+                "p95_ms": med("p95"),
+                "p99_ms": med("p99"),
+                "max_ms": med("max"),
+                "rate": common.rnd(common.median(r.get("achieved_rate", float("nan")) for r in rs), 1),
+                "p50_runs": [r.get("latency_ms", {}).get("p50") for r in rs],
+                "p99_runs": [r.get("latency_ms", {}).get("p99") for r in rs],
+                "errors": sum(sum(r.get("errors", {}).values()) for r in rs),
+                "admission_mean_ms": {k: common.rnd(common.median(v), 3) for k, v in adm.items()},
+                "webhook_server_side_p50_ms": {k: common.rnd(common.median(v), 3) for k, v in side.items()},
+                "runs": rs,
+            }
+    comparisons: dict[str, dict[str, Any]] = {}
+    for config in CONFIGS[1:]:
+        for clients in CONCURRENCY:
+            base, this = table["none"][str(clients)], table[config][str(clients)]
+            comparisons.setdefault(config, {})[str(clients)] = {
+                "p50_delta_ms": common.rnd(this["p50_ms"] - base["p50_ms"], 3),
+                "p50_ratio": common.rnd(this["p50_ms"] / base["p50_ms"], 3),
+                "p99_ratio": common.rnd(this["p99_ms"] / base["p99_ms"], 3),
+                "rate_ratio": common.rnd(this["rate"] / base["rate"], 3),
+            }
+    at = comparisons["webhook"][str(TARGET_CLIENTS)]
+    return {
+        "results": table,
+        "vs_baseline": comparisons,
+        "targets": {
+            "p50_delta": {
+                "clients": TARGET_CLIENTS,
+                "target_ms": TARGET_P50_DELTA_MS,
+                "measured_ms": at["p50_delta_ms"],
+                "met": at["p50_delta_ms"] <= TARGET_P50_DELTA_MS,
+            },
+            "p99_ratio": {
+                "clients": TARGET_CLIENTS,
+                "target": TARGET_P99_RATIO,
+                "measured": at["p99_ratio"],
+                "met": at["p99_ratio"] <= TARGET_P99_RATIO,
+            },
+        },
+    }
+
+
+def report(result: dict[str, Any]) -> None:
+    for placement, summary in result["placements"].items():
+        common.say(f"placement: {placement}")
+        report_placement(summary)
+    r = result.get("reload", {})
+    if "median_s" in r:
+        common.say(
+            f"policy reload (ConfigMap edit to enforcement, {r['toggles']} edits): median {r['median_s']} s, "
+            f"max {r['max_s']} s (≤ {r['target_s']} s: {'met' if r['met'] else 'MISSED'})"
+        )
+
+
+def report_placement(result: dict[str, Any]) -> None:
+    headers = [
+        "clients",
+        "config",
+        "pods/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "p50 Δ vs none",
+        "p99 ratio",
+        "p99 of runs",
+        "webhook calls mean ms (API server)",
+        "server-side p50 ms",
+        "errors",
+    ]
+    rows = []
+    for clients in CONCURRENCY:
+        for config in CONFIGS:
+            r = result["results"][config][str(clients)]
+            cmp = result["vs_baseline"].get(config, {}).get(str(clients), {})
+            adm = ", ".join(f"{'.'.join(k.split('.')[:2])}={v}" for k, v in r["admission_mean_ms"].items())
+            side = ", ".join(f"{k}={v}" for k, v in r["webhook_server_side_p50_ms"].items())
+            rows.append(
+                [
+                    clients,
+                    config,
+                    r["rate"],
+                    r["p50_ms"],
+                    r["p95_ms"],
+                    r["p99_ms"],
+                    cmp.get("p50_delta_ms", "–"),
+                    cmp.get("p99_ratio", "–"),
+                    "/".join(f"{x:.1f}" for x in r["p99_runs"] if x is not None),
+                    adm or "–",
+                    side or "–",
+                    r["errors"],
+                ]
+            )
+    common.say(common.table(headers, rows))
+    t = result["targets"]
+    common.say(
+        f"targets at {t['p50_delta']['clients']} clients: webhook p50 +{t['p50_delta']['measured_ms']} ms over none "
+        f"(≤ {t['p50_delta']['target_ms']}: {'met' if t['p50_delta']['met'] else 'MISSED'}); p99 ratio "
+        f"{t['p99_ratio']['measured']} (≤ {t['p99_ratio']['target']}: {'met' if t['p99_ratio']['met'] else 'MISSED'})"
+    )

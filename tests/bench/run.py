@@ -1,0 +1,57 @@
+"""`python -m tests.bench.run [engine|server|apiserver|all] [--quick]`: the benchmarks of docs/benchmarks.md.
+
+Each part prints a table and writes JSON to out/bench/<part>.json. `--quick` is a smoke run of a few seconds
+per part (the numbers are not meant to be quoted). `--variant` runs the server part (or the webhook of the
+apiserver part) with an experiment from tests/bench/variants.py and writes <part>-<variant>.json instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from tests.bench import common
+
+PARTS = ("engine", "server", "apiserver")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.run", description=__doc__.splitlines()[0])
+    ap.add_argument("part", nargs="?", default="all", choices=(*PARTS, "all"))
+    ap.add_argument("--quick", action="store_true", help="a short smoke run (a few seconds per part)")
+    ap.add_argument(
+        "--variant", default="baseline", help="server experiment(s) from tests/bench/variants.py, joined with '+'"
+    )
+    ns = ap.parse_args(argv)
+    parts = PARTS if ns.part == "all" else (ns.part,)
+    from tests.bench import variants
+
+    try:
+        variants.names(ns.variant)
+    except ValueError as exc:
+        ap.error(str(exc))
+    suffix = "" if ns.variant == "baseline" else f"-{ns.variant}"
+    for part in parts:
+        common.say(f"== {part}{' (quick)' if ns.quick else ''}")
+        if part == "engine":
+            from tests.bench import engine
+
+            result = engine.run(quick=ns.quick)
+            path = common.write_json("engine", result)
+        elif part == "server":
+            from tests.bench import server
+
+            result = server.run(quick=ns.quick, variant=ns.variant)
+            path = common.write_json("server" + suffix, result)
+        else:
+            from tests.bench import apiserver
+
+            result = apiserver.run(quick=ns.quick, variant=ns.variant)
+            path = common.write_json("apiserver" + suffix, result)
+        common.say(f"wrote {path}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Smoke tests of the benchmarks: the quick mode of each part runs and writes JSON of the expected shape.
+
+They check structure and sanity (counts, orderings, no errors), never timings: the machine is shared and
+noisy, and docs/benchmarks.md is where figures are reported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.bench import common, driver, run
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(common, "OUT_DIR", tmp_path)  # never overwrite the real results in out/bench
+    return tmp_path
+
+
+def _load(out_dir: Path, part: str) -> dict[str, Any]:
+    path = out_dir / f"{part}.json"
+    assert path.is_file(), f"{part} wrote no JSON"
+    data: dict[str, Any] = json.loads(path.read_text())
+    assert data["part"] == part and data["quick"] is True
+    assert data["machine"]["cpus"] >= 1
+    return data
+
+
+def _finite_positive(x: Any) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x) and x > 0
+
+
+def test_loadgen_is_built_once_and_cached() -> None:
+    first = driver.build()
+    stamp = first.stat().st_mtime_ns
+    assert driver.build() == first and first.stat().st_mtime_ns == stamp  # same source hash: no rebuild
+    assert (driver.cache_dir() / "loadgen.sha256").read_text().strip() == driver.source_hash(driver._go())
+
+
+def test_engine_quick(out_dir: Path) -> None:
+    assert run.main(["engine", "--quick"]) == 0
+    data = _load(out_dir, "engine")
+    names = {c["case"] for c in data["cases"]}
+    assert {"training-pod-8gpu", "pytorchjob-2x8", "jobset-2x8", "inference-mig-pod", "inference-deployment",
+            "cpu-pod"} <= names  # fmt: skip
+    for case in data["cases"]:
+        assert case["allowed"] is True, case["case"]
+        for variant in ("mutate+validate", "mutate-only", "validate-only"):
+            t = case[variant]
+            assert _finite_positive(t["median_us"]) and t["p99_us"] >= t["median_us"] >= t["min_us"] > 0
+            assert t["calls"] == data["iterations"] * data["rounds"]
+    cpu_pod = next(c for c in data["cases"] if c["case"] == "cpu-pod")
+    assert cpu_pod["mutations"] == [] and cpu_pod["patch_ops"] == 0  # the fast path is what it claims
+    target = data["target"]
+    assert target["case"] == "training-pod-8gpu" and target["target_us"] == 100
+    assert isinstance(target["met"], bool) and _finite_positive(target["ratio"])
+
+
+def test_server_quick(out_dir: Path) -> None:
+    assert run.main(["server", "--quick"]) == 0
+    data = _load(out_dir, "server")
+    for cfg, workers in (("one_worker", 1), ("two_workers", 2)):
+        section = data[cfg]
+        assert section["workers"] == workers
+        assert set(section["scenarios"]) == {"100/s", "500/s", "saturation"}
+        for name, s in section["scenarios"].items():
+            assert s["errors"] == {}, (cfg, name, s["errors"])
+            assert _finite_positive(s["achieved_rate"]), (cfg, name)
+            assert 0 < s["p50_ms"] <= s["p95_ms"] <= s["p99_ms"] <= s["max_ms"], (cfg, name)
+            assert _finite_positive(s["cpu_us_per_review"]), (cfg, name)
+            run0 = s["runs"][0]
+            assert run0["ok"] == run0["sent"] > 0
+            if name == "100/s":  # an open loop sends exactly rate x duration requests
+                assert run0["sent"] == round(100 * data["duration_s"])
+            if workers == 2:  # the load is split evenly: every server got its share of every body
+                per_url: dict[str, int] = {}
+                for t in run0["targets"]:
+                    port = t["url"].split(":")[2].split("/")[0]
+                    per_url[port] = per_url.get(port, 0) + t["sent"]
+                assert len(per_url) == 2 and abs(min(per_url.values()) - max(per_url.values())) <= 8
+    mem = data["memory"]
+    assert mem["ok"] == mem["reviews"] and mem["errors"] == {}
+    assert 10 < mem["rss_start_mib"] <= mem["rss_peak_mib"] < 4096
+    assert isinstance(mem["flat"], bool) and isinstance(mem["within_target"], bool)
+    for key in ("throughput", "p99_at_500", "rss", "rss_flat"):
+        assert isinstance(data["targets"][key]["met"], bool)
+
+
+@pytest.mark.e2e
+def test_apiserver_quick(out_dir: Path) -> None:
+    assert run.main(["apiserver", "--quick"]) == 0
+    data = _load(out_dir, "apiserver")
+    assert data["kube_apiserver"].startswith("v1.")
+    placement = data["placements"][data["headline_placement"]]
+    for config in ("none", "noop", "webhook", "cel"):
+        for clients in ("1", "20", "100"):
+            r = placement["results"][config][clients]
+            assert r["errors"] == 0, (config, clients, r["runs"][0].get("error_samples"))
+            assert 0 < r["p50_ms"] <= r["p99_ms"], (config, clients)
+            calls = r["runs"][0]["admission"]
+            if config == "webhook":  # every create went through both of our webhooks
+                assert calls["pods.mutate.gpu-admission.io"]["calls"] == r["runs"][0]["ok"]
+                assert calls["pods.validate.gpu-admission.io"]["calls"] == r["runs"][0]["ok"]
+            elif config == "noop":  # the reference webhook got the same calls, ours none
+                assert calls["pods.mutate.noop-bench.example.com"]["calls"] == r["runs"][0]["ok"]
+                assert not any("gpu-admission.io" in k for k in calls), (config, calls)
+            else:
+                assert not any("gpu-admission.io" in k or "noop" in k for k in calls), (config, calls)
+    for config in ("noop", "webhook", "cel"):
+        assert set(placement["vs_baseline"][config]) == {"1", "20", "100"}
+    assert isinstance(data["targets"]["p50_delta"]["met"], bool)
+    assert data["reload"]["toggles"] == 3 and len(data["reload"]["runs_s"]) == 3

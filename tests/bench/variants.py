@@ -1,0 +1,63 @@
+"""Experiments on the server without editing it: a `sitecustomize` put first on the server's PYTHONPATH.
+
+These measure what a change to webhook/ would buy before anyone makes it (docs/benchmarks.md quotes them);
+they are never part of the product. `--variant a+b` combines them. The baseline (no variant) is the product
+exactly as shipped. To try uvloop + httptools (`uvicorn[standard]`), run the benchmark itself with the
+Python of a virtualenv that has them installed (the server is started with the same interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from tests.serverproc import ROOT
+
+SNIPPETS = {
+    # gc.collect() + gc.freeze() once the app is built: the objects of start-up (FastAPI, pydantic, the policy,
+    # the inventory) leave the collector's generations, so a full collection no longer walks them.
+    "gc-freeze": """
+import gc as _gc
+import webhook.app as _app
+_create_app = _app.create_app
+def _frozen_create_app(*a, **k):
+    app = _create_app(*a, **k)
+    _gc.collect()
+    _gc.freeze()
+    return app
+_app.create_app = _frozen_create_app
+""",
+    # A shorter GIL switch interval (default 5 ms): a thread waiting for the GIL (the event loop while a review
+    # runs in the pool, or the reverse) waits at most this long.
+    "switchinterval": """
+import sys as _sys
+_sys.setswitchinterval(0.0005)
+""",
+    # No audit log writes: records are dropped on the request path (an upper bound of what the audit log costs:
+    # the record dict, the queue, waking the writer thread and its GIL hand-offs).
+    "audit-off": """
+import webhook.audit as _audit
+_audit.AuditLog.record = lambda self, rec: True
+""",
+}
+
+
+def names(spec: str) -> list[str]:
+    parts = [p for p in spec.split("+") if p and p != "baseline"]
+    unknown = [p for p in parts if p not in SNIPPETS]
+    if unknown:
+        raise ValueError(f"unknown variant {unknown[0]!r} (known: {', '.join(SNIPPETS)})")
+    return parts
+
+
+def env_for(spec: str) -> dict[str, str] | None:
+    """The environment for a server process running variant `spec`, or None for the baseline."""
+    parts = names(spec)
+    if not parts:
+        return None
+    directory = Path(tempfile.mkdtemp(prefix="gpu-admission-variant-"))
+    (directory / "sitecustomize.py").write_text("".join(SNIPPETS[p] for p in parts))
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(directory), str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
