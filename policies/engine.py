@@ -17,9 +17,10 @@ from policies.document import Policy
 from policies.inventory import Inventory
 from policies.mutations import MUTATIONS
 from policies.patch import JsonOp, diff
+from policies.resources import is_gpu_resource
 from policies.rules import RULES
 from policies.subject import ReviewContext, build
-from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, effective_kind
+from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, containers, effective_kind, templates
 
 __all__ = ["Finding", "Review", "ReviewContext", "RuleResult", "review"]
 
@@ -107,6 +108,9 @@ def review(
     if kind not in TEMPLATE_KINDS and kind not in ELASTICITY_KINDS:
         return _untouched(obj, kind, policy, handled=False)
 
+    if kind not in ELASTICITY_KINDS and not _mentions_gpu(obj):
+        return _untouched(obj, kind, policy)  # the cheap path for the many pods that ask for no GPU
+
     mode, mode_warning = userkeys.namespace_mode(ctx.namespace_labels, policy.default_enforcement)
     notes = [mode_warning] if mode_warning else []
     if mode == "off":
@@ -182,7 +186,9 @@ def review(
 
     if inventory.warnings and any(r.outcome in ("deny", "warn") and "rack" in r.rule for r in results):
         warnings.append(short(inventory.warnings[0]))
-    patch = tuple(diff(obj, work)) if mutate and work is not obj else ()
+    # Mutations report every change, so with none applied there is nothing to diff (the common case for
+    # pods of an already-mutated template).
+    patch = tuple(diff(obj, work)) if mutate and applied and work is not obj else ()
     if only is not None:
         work = obj
     allowed = not denials and not failed_closed
@@ -198,6 +204,28 @@ def review(
         results=tuple(results),
         policy_hash=policy.hash,
     )
+
+
+def _mentions_gpu(obj: Json) -> bool:
+    """Any nvidia.com/ resource in any container, or any gpu-admission.io/ key on the object or a pod
+    template: a superset of what the engine acts on, read without copying or classifying anything."""
+    pods = [t.pod for t in templates(obj)]
+    for holder in (obj, *pods):
+        meta = holder.get("metadata")
+        if isinstance(meta, dict):
+            for section in ("labels", "annotations"):
+                keys = meta.get(section)
+                if isinstance(keys, dict) and any(isinstance(k, str) and k.startswith(userkeys.PREFIX) for k in keys):
+                    return True
+    for pod in pods:
+        for c in containers(pod):
+            res = c.get("resources")
+            if isinstance(res, dict):
+                for section in ("limits", "requests"):
+                    amounts = res.get(section)
+                    if isinstance(amounts, dict) and any(isinstance(k, str) and is_gpu_resource(k) for k in amounts):
+                        return True
+    return False
 
 
 def _internal_error(rule_id: str, exc: Exception, policy: Policy, denials: list[Finding], warnings: list[str]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from policies import mig, topology
 from policies.document import Policy, Pool
 from policies.resources import GPU, GPU_SHARED, is_gpu_resource, parse_count
-from policies.selectors import pod_matches_node
+from policies.selectors import node_filter
 from policies.workloads import Json
 
 SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
@@ -81,7 +81,8 @@ class Inventory:
 
     def candidates(self, pod: Json) -> list[GpuNode]:
         """GPU nodes the pod's nodeSelector / required node affinity allow."""
-        return [n for n in self.nodes if pod_matches_node(pod, n.labels, n.name)]
+        allowed = node_filter(pod)
+        return [n for n in self.nodes if allowed(n.labels, n.name)]
 
     def offering(self, resource: str) -> list[GpuNode]:
         return [n for n in self.nodes if n.offer(resource) is not None]

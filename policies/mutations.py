@@ -118,7 +118,7 @@ def gpu_slice(s: Subject, p: Pod) -> bool:
     if ask is None or s.inventory.empty:
         return False
     online = p.workload == "inference" and p.latency == "online"
-    best = choose_slice(s.inventory.candidates(p.pod), ask, allow_shared=not online)
+    best = choose_slice(p.candidates(s.inventory), ask, allow_shared=not online)
     if best is None:
         return False
     offer, nodes = best
@@ -190,7 +190,7 @@ def training_pool(s: Subject, p: Pod) -> bool:
         return False
     pool = s.policy.pool(s.policy.training_pool) if s.policy.training_pool else None
     if pool is None:
-        cands = [n for n in s.inventory.candidates(p.pod) if n.offer(GPU)]
+        cands = [n for n in p.candidates(s.inventory) if n.offer(GPU)]
         if cands and not any(n.whole_card for n in cands):
             return False  # pinned to shared/MIG nodes on purpose: adding whole-card affinity would strand it
     if pool is not None:
@@ -204,7 +204,7 @@ def online_exclusive(s: Subject, p: Pod) -> bool:
     nodes (checklist 3: time-slicing only for latency-insensitive work)."""
     if p.workload != "inference" or p.latency != "online" or GPU not in p.ask.resource_names():
         return False
-    cands = s.inventory.candidates(p.pod)
+    cands = p.candidates(s.inventory)
     if cands and all(n.shared for n in cands if n.offer(GPU)) and any(n.offer(GPU) for n in cands):
         return False  # pinned to shared nodes on purpose: online-no-timeslice explains, we don't strand it
     return add_node_expressions(p.pod, [NOT_SHARED_EXPRESSION])

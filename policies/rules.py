@@ -200,7 +200,7 @@ def _controller_owned(obj: Json) -> bool:
 def _pinned_shared(s: Subject, p: Pod) -> bool:
     """Plain `nvidia.com/gpu` is shared when every node the pod may land on that offers it is time-sliced
     or MPS (by selector or because those are the only GPU nodes)."""
-    nodes: list[GpuNode] = [n for n in s.inventory.candidates(p.pod) if n.offer(GPU)]
+    nodes: list[GpuNode] = [n for n in p.candidates(s.inventory) if n.offer(GPU)]
     return bool(nodes) and all(n.shared for n in nodes)
 
 

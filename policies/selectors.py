@@ -6,7 +6,7 @@ time-sliced nodes by a selector is recognised even when its resource name is pla
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from policies.workloads import Json
@@ -68,15 +68,27 @@ def required_terms(pod: Json) -> list[Any] | None:
     return terms if isinstance(terms, list) else None
 
 
-def pod_matches_node(pod: Json, labels: Mapping[str, str], node_name: str = "") -> bool:
+def node_filter(pod: Json) -> Callable[[Mapping[str, str], str], bool]:
+    """A predicate (node labels, node name) -> may this pod land there, with the pod's nodeName,
+    nodeSelector and required terms read once rather than once per node."""
     spec = pod.get("spec")
     if not isinstance(spec, dict):
-        return True
+        return lambda labels, name: True
     pinned = spec.get("nodeName")
-    if isinstance(pinned, str) and pinned and node_name and pinned != node_name:
-        return False
-    selector = spec.get("nodeSelector")
-    if isinstance(selector, dict) and any(labels.get(k) != v for k, v in selector.items()):
-        return False
+    pinned = pinned if isinstance(pinned, str) and pinned else ""
+    raw = spec.get("nodeSelector")
+    selector = tuple(raw.items()) if isinstance(raw, dict) else ()
     terms = required_terms(pod)
-    return terms is None or any(term_matches(t, labels) for t in terms)
+
+    def matches(labels: Mapping[str, str], name: str) -> bool:
+        if pinned and name and pinned != name:
+            return False
+        if any(labels.get(k) != v for k, v in selector):
+            return False
+        return terms is None or any(term_matches(t, labels) for t in terms)
+
+    return matches
+
+
+def pod_matches_node(pod: Json, labels: Mapping[str, str], node_name: str = "") -> bool:
+    return node_filter(pod)(labels, node_name)

@@ -13,7 +13,7 @@ from typing import Any
 from policies import userkeys
 from policies.classify import classify, default_latency
 from policies.document import Policy
-from policies.inventory import Inventory
+from policies.inventory import GpuNode, Inventory
 from policies.resources import PodAsk, pod_ask
 from policies.workloads import JOB_IDENTITY_LABEL, POD_JOB_LABELS, Json, Template, effective_kind, templates
 
@@ -49,6 +49,7 @@ class Pod:
     workload: str | None
     latency: str
     _ask: PodAsk | None = None
+    _candidates: list[GpuNode] | None = None
 
     @property
     def pod(self) -> Json:
@@ -61,6 +62,12 @@ class Pod:
         if self._ask is None:
             self._ask = pod_ask(self.template.pod)
         return self._ask
+
+    def candidates(self, inventory: Inventory) -> list[GpuNode]:
+        """GPU nodes this pod's node selection allows (cached like `ask`, reset by Subject.invalidate)."""
+        if self._candidates is None:
+            self._candidates = inventory.candidates(self.template.pod)
+        return self._candidates
 
     @property
     def spec(self) -> Json:
@@ -101,6 +108,7 @@ class Subject:
     ctx: ReviewContext
     notes: list[str] = field(default_factory=list)
     _gpu_pods: list[Pod] | None = None
+    _obj_keys: userkeys.UserKeys = field(default_factory=userkeys.UserKeys)
 
     @property
     def gpu_pods(self) -> list[Pod]:
@@ -109,10 +117,14 @@ class Subject:
         return self._gpu_pods
 
     def invalidate(self) -> None:
-        """Forget what was derived from the pod specs (after a mutation edited them)."""
+        """Forget what was derived from the pod specs (after a mutation edited them). The job's size is
+        derived again too: gpu-slice turns whole GPUs into slices, and the mutations after it (and a second
+        pass over the result) must see the same job."""
         self._gpu_pods = None
         for p in self.pods:
             p._ask = None
+            p._candidates = None
+        self.job = _job(self.kind, self.obj, self.name, self.pods, self._obj_keys)
 
     @property
     def workload(self) -> str | None:
@@ -151,7 +163,7 @@ def build(obj: Json, policy: Policy, inventory: Inventory, ctx: ReviewContext) -
     name = meta_str(obj, "name")
     namespace = meta_str(obj, "namespace")
     job = _job(kind, obj, name, pods, obj_keys)
-    return Subject(kind, obj, name, namespace, pods, job, policy, inventory, ctx)
+    return Subject(kind, obj, name, namespace, pods, job, policy, inventory, ctx, _obj_keys=obj_keys)
 
 
 def _job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkeys.UserKeys) -> Job:
