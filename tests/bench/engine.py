@@ -108,7 +108,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         },
     }
     if not quick:
-        case = next(c for c in corpus.engine_corpus() if c.name == "training-pod-8gpu-fresh")
+        case = next(c for c in corpus.engine_corpus() if c.headline)
         text = profile_case(case)
         common.OUT_DIR.mkdir(parents=True, exist_ok=True)
         (common.OUT_DIR / "engine-profile.txt").write_text(text)

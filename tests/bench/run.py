@@ -1,8 +1,9 @@
 """`python -m tests.bench.run [engine|server|apiserver|all] [--quick]`: the benchmarks of docs/benchmarks.md.
 
 Each part prints a table and writes JSON to out/bench/<part>.json. `--quick` is a smoke run of a few seconds
-per part (the numbers are not meant to be quoted). `--variant` runs the server part (or the webhook of the
-apiserver part) with an experiment from tests/bench/variants.py and writes <part>-<variant>.json instead.
+per part (the numbers are not meant to be quoted). `--variant` runs an experiment from tests/bench/variants.py
+(engine: patched in process; server and apiserver: the webhook server's sitecustomize) and writes
+<part>-<variant>.json instead.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("part", nargs="?", default="all", choices=(*PARTS, "all"))
     ap.add_argument("--quick", action="store_true", help="a short smoke run (a few seconds per part)")
     ap.add_argument(
+        "--report", action="store_true", help="print the tables of out/bench/<part>.json again, run nothing"
+    )
+    ap.add_argument(
         "--variant", default="baseline", help="server experiment(s) from tests/bench/variants.py, joined with '+'"
     )
     ns = ap.parse_args(argv)
@@ -32,13 +36,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     suffix = "" if ns.variant == "baseline" else f"-{ns.variant}"
+    if ns.report:
+        import importlib
+        import json
+
+        for part in parts:
+            path = common.OUT_DIR / f"{part}{suffix}.json"
+            if not path.is_file():
+                common.say(f"== {part}: no {path}")
+                continue
+            data = json.loads(path.read_text())
+            common.say(f"== {part} ({data['machine'].get('revision', '?')}, {data['machine'].get('time', '?')})")
+            module = importlib.import_module(f"tests.bench.{part}")
+            module.report(data)
+            if part == "server" and "profile" in data:
+                from tests.bench import profiles
+
+                profiles.report(data["profile"])
+        return 0
     for part in parts:
         common.say(f"== {part}{' (quick)' if ns.quick else ''}")
         if part == "engine":
             from tests.bench import engine
 
-            result = engine.run(quick=ns.quick)
-            path = common.write_json("engine", result)
+            undo = variants.engine_patch(ns.variant)
+            try:
+                result = engine.run(quick=ns.quick)
+            finally:
+                undo()
+            result["variant"] = ns.variant
+            path = common.write_json("engine" + suffix, result)
         elif part == "server":
             from tests.bench import server
 

@@ -1,7 +1,8 @@
 """Experiments on the server without editing it: a `sitecustomize` put first on the server's PYTHONPATH.
 
-These measure what a change to webhook/ would buy before anyone makes it (docs/benchmarks.md quotes them);
-they are never part of the product. `--variant a+b` combines them. The baseline (no variant) is the product
+These measure what a change to webhook/ or policies/ would buy before anyone makes it (docs/benchmarks.md
+quotes them); they are never part of the product. Engine experiments (ENGINE_PATCHES) patch this process,
+for the engine part. `--variant a+b` combines them. The baseline (no variant) is the product
 exactly as shipped. To try uvloop + httptools (`uvicorn[standard]`), run the benchmark itself with the
 Python of a virtualenv that has them installed (the server is started with the same interpreter).
 """
@@ -10,7 +11,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from tests.serverproc import ROOT
 
@@ -43,9 +48,58 @@ _audit.AuditLog.record = lambda self, rec: True
 }
 
 
+def _cached_candidates() -> Callable[[], None]:
+    """Inventory.candidates memoised on the pod's node selection (nodeName, nodeSelector, required node
+    affinity): the suggested fix for the engine's hottest path. Returns the undo."""
+    from policies import inventory as inventory_mod
+
+    original = inventory_mod.Inventory.candidates
+    cache: dict[tuple[int, bytes], list[Any]] = {}
+
+    def candidates(self: Any, pod: dict[str, Any]) -> list[Any]:
+        spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+        affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
+        node = affinity.get("nodeAffinity") if isinstance(affinity.get("nodeAffinity"), dict) else {}
+        selection = [
+            spec.get("nodeName"),
+            spec.get("nodeSelector"),
+            node.get("requiredDuringSchedulingIgnoredDuringExecution"),
+        ]
+        try:
+            key = (id(self), orjson.dumps(selection))
+        except TypeError:
+            return original(self, pod)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = original(self, pod)
+        return list(hit)
+
+    inventory_mod.Inventory.candidates = candidates  # type: ignore[method-assign]
+
+    def undo() -> None:
+        inventory_mod.Inventory.candidates = original  # type: ignore[method-assign]
+
+    return undo
+
+
+# In-process experiments on the engine (the engine part runs in this process): name -> apply, returning undo.
+ENGINE_PATCHES: dict[str, Callable[[], Callable[[], None]]] = {"cached-candidates": _cached_candidates}
+
+
+def engine_patch(spec: str) -> Callable[[], None]:
+    """Apply the engine experiments of `spec`; returns one undo for all of them."""
+    undos = [ENGINE_PATCHES[p]() for p in names(spec) if p in ENGINE_PATCHES]
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+
+    return undo
+
+
 def names(spec: str) -> list[str]:
     parts = [p for p in spec.split("+") if p and p != "baseline"]
-    unknown = [p for p in parts if p not in SNIPPETS]
+    unknown = [p for p in parts if p not in SNIPPETS and p not in ENGINE_PATCHES]
     if unknown:
         raise ValueError(f"unknown variant {unknown[0]!r} (known: {', '.join(SNIPPETS)})")
     return parts
@@ -53,7 +107,7 @@ def names(spec: str) -> list[str]:
 
 def env_for(spec: str) -> dict[str, str] | None:
     """The environment for a server process running variant `spec`, or None for the baseline."""
-    parts = names(spec)
+    parts = [p for p in names(spec) if p in SNIPPETS]
     if not parts:
         return None
     directory = Path(tempfile.mkdtemp(prefix="gpu-admission-variant-"))
