@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             undo = variants.engine_patch(ns.variant)
             try:
-                result = engine.run(quick=ns.quick)
+                result = engine.run(quick=ns.quick, tag=suffix)
             finally:
                 undo()
             result["variant"] = ns.variant

@@ -404,6 +404,8 @@ def report(result: dict[str, Any]) -> None:
         "p99 ms",
         "max ms",
         "p99 of runs",
+        "loadgen lag p50 ms",
+        "handler p50/p99 ms",
         "CPU µs/review",
         "errors",
     ]
@@ -420,6 +422,10 @@ def report(result: dict[str, Any]) -> None:
                     s["p99_ms"],
                     s["max_ms"],
                     "/".join(f"{x:.1f}" for x in s["p99_ms_runs"] if x is not None),
+                    s["dispatch_lag_p50_ms"],
+                    f"{s['server_side_p50_ms']} / {s['server_side_p99_ms']}"
+                    if s["server_side_p50_ms"] == s["server_side_p50_ms"]
+                    else "–",
                     s["cpu_us_per_review"],
                     sum(s["errors"].values()),
                 ]

@@ -98,7 +98,7 @@ def test_apiserver_quick(out_dir: Path) -> None:
     assert data["kube_apiserver"].startswith("v1.")
     placement = data["placements"][data["headline_placement"]]
     for config in ("none", "noop", "webhook", "cel"):
-        for clients in ("1", "20", "100", "20@100/s"):
+        for clients in ("1", "20"):
             r = placement["results"][config][clients]
             assert r["errors"] == 0, (config, clients, r["runs"][0].get("error_samples"))
             assert 0 < r["p50_ms"] <= r["p99_ms"], (config, clients)
@@ -112,6 +112,6 @@ def test_apiserver_quick(out_dir: Path) -> None:
             else:
                 assert not any("gpu-admission.io" in k or "noop" in k for k in calls), (config, calls)
     for config in ("noop", "webhook", "cel"):
-        assert set(placement["vs_baseline"][config]) == {"1", "20", "100", "20@100/s"}
+        assert set(placement["vs_baseline"][config]) == {"1", "20"}
     assert isinstance(data["targets"]["p50_delta"]["met"], bool)
     assert data["reload"]["toggles"] == 3 and len(data["reload"]["runs_s"]) == 3

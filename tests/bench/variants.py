@@ -57,9 +57,12 @@ def _cached_candidates() -> Callable[[], None]:
     cache: dict[tuple[int, bytes], list[Any]] = {}
 
     def candidates(self: Any, pod: dict[str, Any]) -> list[Any]:
-        spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
-        affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
-        node = affinity.get("nodeAffinity") if isinstance(affinity.get("nodeAffinity"), dict) else {}
+        def sub(d: dict[str, Any], key: str) -> dict[str, Any]:
+            v = d.get(key)
+            return v if isinstance(v, dict) else {}
+
+        spec = sub(pod, "spec")
+        node = sub(sub(spec, "affinity"), "nodeAffinity")
         selection = [
             spec.get("nodeName"),
             spec.get("nodeSelector"),
