@@ -152,7 +152,7 @@ def review(
                 failed_closed = True
                 continue
             if changed:
-                subject.invalidate()
+                subject.invalidate(resources_changed=m.id == "gpu-slice")
                 applied.append(m.id)
                 results.append(RuleResult(m.id, "mutate", "applied"))
 
@@ -210,13 +210,6 @@ def _mentions_gpu(obj: Json) -> bool:
     """Any nvidia.com/ resource in any container, or any gpu-admission.io/ key on the object or a pod
     template: a superset of what the engine acts on, read without copying or classifying anything."""
     pods = [t.pod for t in templates(obj)]
-    for holder in (obj, *pods):
-        meta = holder.get("metadata")
-        if isinstance(meta, dict):
-            for section in ("labels", "annotations"):
-                keys = meta.get(section)
-                if isinstance(keys, dict) and any(isinstance(k, str) and k.startswith(userkeys.PREFIX) for k in keys):
-                    return True
     for pod in pods:
         for c in containers(pod):
             res = c.get("resources")
@@ -225,6 +218,13 @@ def _mentions_gpu(obj: Json) -> bool:
                     amounts = res.get(section)
                     if isinstance(amounts, dict) and any(isinstance(k, str) and is_gpu_resource(k) for k in amounts):
                         return True
+    for holder in (obj, *pods):
+        meta = holder.get("metadata")
+        if isinstance(meta, dict):
+            for section in ("labels", "annotations"):
+                keys = meta.get(section)
+                if isinstance(keys, dict) and any(isinstance(k, str) and k.startswith(userkeys.PREFIX) for k in keys):
+                    return True
     return False
 
 

@@ -116,15 +116,16 @@ class Subject:
             self._gpu_pods = [p for p in self.pods if p.ask.asks_gpu or p.keys.gpu_memory is not None]
         return self._gpu_pods
 
-    def invalidate(self) -> None:
-        """Forget what was derived from the pod specs (after a mutation edited them). The job's size is
-        derived again too: gpu-slice turns whole GPUs into slices, and the mutations after it (and a second
-        pass over the result) must see the same job."""
+    def invalidate(self, resources_changed: bool = False) -> None:
+        """Forget what was derived from the pod specs (after a mutation edited them). When GPU resources
+        changed (gpu-slice turns whole GPUs into slices) the job's size is derived again too: the mutations
+        after it, and a second pass over the result, must see the same job."""
         self._gpu_pods = None
         for p in self.pods:
             p._ask = None
             p._candidates = None
-        self.job = _job(self.kind, self.obj, self.name, self.pods, self._obj_keys)
+        if resources_changed:
+            self.job = _job(self.kind, self.obj, self.name, self.pods, self._obj_keys)
 
     @property
     def workload(self) -> str | None:
