@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.cluster import DEFAULT_NODES_FILE, ControlPlane, ControlPlaneError, build_binaries
+from tests.e2e.webhook import Webhook
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +38,17 @@ def control_plane() -> Iterator[ControlPlane]:
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="module")
+def webhook(control_plane: ControlPlane) -> Iterator[Webhook]:
+    """gpu-admission serve registered with the API server from deploy/'s configurations, per test module
+    (unregistered at the end, so other modules see a cluster without it)."""
+    wh = Webhook(control_plane)
+    try:
+        yield wh
+    finally:
+        wh.close()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import copy
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,15 +32,6 @@ Obj = dict[str, Any]
 TYPO_ANNOTATION = {"gpu-admission.io/gpu-memry": "10Gi"}
 BAD_LABEL = {"gpu-admission.io/workload": "trainig"}
 REQUESTS = re.compile(r'^gpu_admission_requests_total\{webhook="(\w+)",verdict="(\w+)"\} (\S+)$', re.M)
-
-
-@pytest.fixture(scope="module")
-def webhook(control_plane: ControlPlane) -> Iterator[Webhook]:
-    wh = Webhook(control_plane)
-    try:
-        yield wh
-    finally:
-        wh.close()
 
 
 def apply(cp: ControlPlane, ns: str, docs: list[Obj], *flags: str) -> subprocess.CompletedProcess[str]:

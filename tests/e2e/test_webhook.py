@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,15 +19,6 @@ from tests.serverproc import ROOT
 pytestmark = pytest.mark.e2e
 
 RACK = "topology.kubernetes.io/rack"
-
-
-@pytest.fixture(scope="module")
-def webhook(control_plane: ControlPlane) -> Iterator[Webhook]:
-    wh = Webhook(control_plane)
-    try:
-        yield wh
-    finally:
-        wh.close()
 
 
 def apply(cp: ControlPlane, ns: str, docs: list[dict[str, Any]] | str, *flags: str) -> subprocess.CompletedProcess[str]:
