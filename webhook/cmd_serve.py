@@ -179,7 +179,6 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:
             raise UsageError(f"policy {args.policy}: {exc}") from None
     if args.nodes:
-        from webhook.cmd_check import load_inventory  # noqa: F401  (same loader as check)
         from webhook.manifests import ManifestError, load_objects
 
         try:
