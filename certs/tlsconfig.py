@@ -14,27 +14,33 @@ from certs.store import TLS_CERT, TLS_KEY, LoadedPair, load_pair
 MIN_TLS_VERSION = ssl.TLSVersion.TLSv1_2
 
 
-def load_into_context(context: ssl.SSLContext, pair: LoadedPair) -> None:
-    """Load an already verified pair into `context`.
+def load_pem_chain(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """Load a certificate chain and key given as PEM bytes into `context` (raises ssl.SSLError).
 
-    `ssl` only reads certificates and keys from files, so the PEM bytes go to a private (0700) temporary
-    directory that is removed right after loading: the context gets exactly the pair that was verified,
-    whatever a concurrent rotation does to the certificate directory meanwhile.
+    `ssl` only reads certificates and keys from files, so the bytes go to a private (0700) temporary
+    directory that is removed right after loading. Shared by the server (serving pair) and the Kubernetes
+    client (client certificate from kubeconfig data).
     """
     scratch = tempfile.mkdtemp(prefix="gpu-admission-tls-")
     try:
         cert_path = os.path.join(scratch, "tls.crt")
         key_path = os.path.join(scratch, "tls.key")
-        for path, data in ((cert_path, pair.cert_pem), (key_path, pair.key_pem)):
+        for path, data in ((cert_path, cert_pem), (key_path, key_pem)):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
-        try:
-            context.load_cert_chain(cert_path, key_path)
-        except ssl.SSLError as exc:
-            raise CertError(f"cannot load the serving certificate: {exc.reason or exc}") from None
+        context.load_cert_chain(cert_path, key_path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def load_into_context(context: ssl.SSLContext, pair: LoadedPair) -> None:
+    """Load an already verified pair into `context`: the context gets exactly the pair that was verified,
+    whatever a concurrent rotation does to the certificate directory meanwhile."""
+    try:
+        load_pem_chain(context, pair.cert_pem, pair.key_pem)
+    except ssl.SSLError as exc:
+        raise CertError(f"cannot load the serving certificate: {exc.reason or exc}") from None
 
 
 def server_ssl_context(

@@ -16,10 +16,8 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import shutil
 import socket
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
@@ -407,22 +405,14 @@ def ssl_context_for(config: KubeConfig) -> ssl.SSLContext:
         raise KubeConfigError(f"{config.source}: certificate authority unusable ({_one_line(exc)})") from None
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if config.client_cert_pem is not None and config.client_key_pem is not None:
-        # `ssl` reads client certificates only from files: private temporary files, removed once loaded.
-        scratch = tempfile.mkdtemp(prefix="gpu-admission-kube-")
+        from certs.tlsconfig import load_pem_chain
+
         try:
-            cert_path = os.path.join(scratch, "client.crt")
-            key_path = os.path.join(scratch, "client.key")
-            for target, data in ((cert_path, config.client_cert_pem), (key_path, config.client_key_pem)):
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-            context.load_cert_chain(cert_path, key_path)
+            load_pem_chain(context, config.client_cert_pem, config.client_key_pem)
         except ssl.SSLError as exc:
             raise KubeConfigError(
                 f"{config.source}: client certificate or key unusable ({exc.reason or 'bad PEM'})"
             ) from None
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
     return context
 
 
