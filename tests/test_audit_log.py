@@ -132,8 +132,9 @@ def _drain(reader: int, into: bytearray) -> None:
 def test_queue_full_drops_are_counted_and_lines_stay_whole(tmp_path: Path) -> None:
     fifo, reader = _blocked_fifo(tmp_path)
     log = AuditLog(fifo, max_bytes=0, queue_size=100)
-    accepted = sum(log.record(rec(f"u{i}", pad="x" * 500)) for i in range(2000))
-    # The pipe holds ~64 KiB (~120 lines) and the queue 100 records; the rest must have been dropped.
+    accepted = sum(log.record(rec(f"u{i}", pad="x" * 1000)) for i in range(2000))
+    # The pipe holds ~64 KiB (~60 lines) and the queue 100 records (~110 KB: the writer may take them all as
+    # one batch, and still sticks on the full pipe); the rest must have been dropped.
     assert log.dropped == 2000 - accepted > 1000
     assert not log.flush(timeout=0.2)  # the writer is stuck on the full pipe: flush says so
     data = bytearray()
@@ -145,7 +146,7 @@ def test_queue_full_drops_are_counted_and_lines_stay_whole(tmp_path: Path) -> No
     lines = bytes(data).splitlines()
     assert bytes(data).endswith(b"\n")
     assert len(lines) == accepted == log.written
-    assert all(orjson.loads(line)["pad"] == "x" * 500 for line in lines)
+    assert all(orjson.loads(line)["pad"] == "x" * 1000 for line in lines)
     assert log.stats() == {
         "written": accepted,
         "dropped": 2000 - accepted,
@@ -286,6 +287,120 @@ def test_stdout_destination(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, env=ENV, check=True).stdout
     assert [orjson.loads(line)["uid"] for line in out.splitlines()] == [f"u{i}" for i in range(500)]
+
+
+SHARED_STDOUT = """
+import os, threading
+from webhook.audit import AuditLog
+log = AuditLog(stdout=True)
+def other_writer():  # another writer of fd 1, one line per write (a log handler, a library's print)
+    for i in range(3000):
+        os.write(1, b'{"noise": %d, "pad": "%s"}\\n' % (i, b"n" * 300))
+t = threading.Thread(target=other_writer)
+t.start()
+for i in range(3000):
+    log.record({"uid": f"u{i}", "verdict": "allow", "pad": "a" * 700})
+t.join()
+log.close()
+"""
+
+
+def test_stdout_lines_stay_whole_in_a_pipe_shared_with_another_writer() -> None:
+    # Batches go to stdout in writes of at most PIPE_BUF bytes, which a pipe never interleaves with another
+    # writer's; a larger write would be cut whenever the pipe is full (the reader here is slow on purpose).
+    child = subprocess.Popen([sys.executable, "-c", SHARED_STDOUT], stdout=subprocess.PIPE, env=ENV)
+    assert child.stdout is not None
+    data = bytearray()
+    while chunk := os.read(child.stdout.fileno(), 4096):
+        data += chunk
+        time.sleep(0.0002)
+    assert child.wait(10) == 0
+    records = [orjson.loads(line) for line in bytes(data).splitlines()]
+    assert [r["uid"] for r in records if "uid" in r] == [f"u{i}" for i in range(3000)]
+    assert [r["noise"] for r in records if "noise" in r] == list(range(3000))
+
+
+# -- batching: one wake-up and one write per batch, bounded latency ---------------------------------------
+
+
+def _thread_stat(tid: int, name: str, key: str) -> int:
+    """A counter of one thread of this process: /proc/self/task/TID/io `syscw` (write system calls) or
+    /proc/self/task/TID/status `voluntary_ctxt_switches` (times it went to sleep: its wake-ups)."""
+    for line in Path(f"/proc/self/task/{tid}/{name}").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def test_a_burst_is_written_in_one_write(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    with AuditLog(path) as log:
+        tid = log._thread.native_id
+        assert tid is not None
+        writes = _thread_stat(tid, "io", "syscw")
+        for i in range(1000):
+            assert log.record(rec(f"u{i}", pad="p" * 800))  # well within the 5 ms linger
+        assert log.flush(10)
+        writes = _thread_stat(tid, "io", "syscw") - writes
+    assert [r["uid"] for r in all_records(path)] == [f"u{i}" for i in range(1000)]
+    assert 1 <= writes <= 3  # one per line before batching; ~800 KB fits in one write (MAX_WRITE 1 MiB)
+
+
+def test_a_steady_stream_wakes_the_writer_once_per_linger(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    with AuditLog(path) as log:
+        tid = log._thread.native_id
+        assert tid is not None
+        writes, wakeups = _thread_stat(tid, "io", "syscw"), _thread_stat(tid, "status", "voluntary_ctxt_switches")
+        start, n = time.monotonic(), 0
+        while time.monotonic() - start < 0.4:  # ~4,000 records/s, like a busy server worker
+            assert log.record(rec(f"u{n}"))
+            n += 1
+            time.sleep(0.0002)
+        assert log.flush(10)
+        elapsed = time.monotonic() - start
+        writes = _thread_stat(tid, "io", "syscw") - writes
+        wakeups = _thread_stat(tid, "status", "voluntary_ctxt_switches") - wakeups
+    assert len(all_records(path)) == n
+    # Each batch takes at least the linger (5 ms), and the flush at the end one more: before batching this
+    # was one write and one wake-up per record.
+    assert writes <= elapsed / log.linger + 2 < n / 10
+    assert wakeups < n / 4
+
+
+def test_a_record_reaches_the_file_within_the_linger(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    latencies = []
+    with AuditLog(path, linger=0.02) as log:
+        for i in range(10):
+            size = path.stat().st_size
+            start = time.monotonic()
+            log.record(rec(f"u{i}"))
+            while path.stat().st_size == size:
+                time.sleep(0.0005)
+            latencies.append(time.monotonic() - start)
+            time.sleep(0.03)  # the writer is idle again
+    latencies.sort()
+    assert latencies[len(latencies) // 2] < 0.02 + 0.01  # the linger and a little (a noisy, shared machine)
+    assert latencies[-1] < 0.02 + 0.2
+    assert [r["uid"] for r in all_records(path)] == [f"u{i}" for i in range(10)]
+
+
+def test_flush_and_close_cut_the_linger_short(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, linger=1.0)
+    log.record(rec("a"))
+    start = time.monotonic()
+    assert log.flush(timeout=5)
+    assert time.monotonic() - start < 0.5
+    assert [r["uid"] for r in all_records(path)] == ["a"]
+    log.record(rec("b"))
+    start = time.monotonic()
+    assert log.close(timeout=5)
+    assert time.monotonic() - start < 0.5
+    assert [r["uid"] for r in all_records(path)] == ["a", "b"]
+    with pytest.raises(ValueError, match="linger"):
+        AuditLog(path, linger=-1)
 
 
 # -- options ---------------------------------------------------------------------------------------------
