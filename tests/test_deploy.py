@@ -1,7 +1,7 @@
 """Safety properties of the deployment: kustomize renders, webhooks, RBAC, certificates, Dockerfile.
 
-Renders `deploy/` and `deploy/overlays/cert-manager` with `kubectl kustomize` and checks what an operator
-relies on: at least two spread replicas behind a PDB, a locked-down pod, webhooks that fail closed but never
+Renders `deploy/` and its overlays (cert-manager, validate-pods) with `kubectl kustomize` and checks what an
+operator relies on: at least two spread replicas behind a PDB, a locked-down pod, webhooks that fail closed but never
 cover the control plane or our own namespace, CEL conditions that cannot error, read-only RBAC for the
 server, the certificate script's order of operations, and a lint of the Dockerfile.
 
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "base"
 OVERLAY = DEPLOY / "overlays" / "cert-manager"
+VALIDATE_PODS = DEPLOY / "overlays" / "validate-pods"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCS = ROOT / "docs" / "deploy.md"
 
@@ -95,7 +96,7 @@ def _kustomize(path: Path) -> list[dict[str, Any]]:
 
 @cache
 def _render(which: str) -> tuple[dict[str, Any], ...]:
-    return tuple(_kustomize(DEPLOY if which == "base" else OVERLAY))
+    return tuple(_kustomize({"base": DEPLOY, "cert-manager": OVERLAY, "validate-pods": VALIDATE_PODS}[which]))
 
 
 def docs_of(which: str) -> list[dict[str, Any]]:
@@ -112,7 +113,7 @@ def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return found[0]
 
 
-RENDERS = ["base", "cert-manager"]
+RENDERS = ["base", "cert-manager", "validate-pods"]
 
 
 @pytest.fixture(params=RENDERS)
@@ -368,7 +369,8 @@ def test_webhook_common_settings(rendered: list[dict[str, Any]]) -> None:
     assert len(names) == len(set(names))
     for kind, h in hooks:
         name = h["name"]
-        verb = "mutate" if kind.startswith("Mutating") else "validate"
+        verb = _verb_of(h)  # admit: mutate, then judge the mutated object, in one call (Pods)
+        assert verb in (("mutate", "admit") if kind.startswith("Mutating") else ("validate",)), name
         assert name.endswith(f".{verb}.gpu-admission.io"), name
         assert h["admissionReviewVersions"] == ["v1"], name
         assert h["sideEffects"] in ("None", "NoneOnDryRun"), name
@@ -442,9 +444,36 @@ def test_template_kinds_are_mutated_and_validated(rendered: list[dict[str, Any]]
     group, resource = TEMPLATE_KINDS[kind]
     for cfg_kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         hooks = one(rendered, cfg_kind, "gpu-admission")["webhooks"]
+        if kind == "Pod":  # judged by pods.admit in the mutating stage (and again only in validate-pods)
+            admit = [h for h in hooks if _verb_of(h) == "admit"]
+            if cfg_kind.startswith("Mutating"):
+                assert [h["name"] for h in admit] == ["pods.admit.gpu-admission.io"]
+                assert _rules_cover(admit, group, resource, "CREATE")
+            continue
         assert _rules_cover(hooks, group, resource, "CREATE"), f"{cfg_kind} misses {kind} CREATE"
-        if kind != "Pod":
-            assert _rules_cover(hooks, group, resource, "UPDATE"), f"{cfg_kind} misses {kind} UPDATE"
+        assert _rules_cover(hooks, group, resource, "UPDATE"), f"{cfg_kind} misses {kind} UPDATE"
+
+
+def test_pods_take_one_call_unless_the_overlay_asks_for_two() -> None:
+    """Base: no validating webhook for Pods (pods.admit judges them). validate-pods: a second, validating
+    call on the stored object, with exactly the conditions, rules and namespaces of pods.admit."""
+    for which in ("base", "cert-manager", "validate-pods"):
+        docs = docs_of(which)
+        admit = [h for _, h in all_webhooks(docs) if _verb_of(h) == "admit"]
+        validating = one(docs, "ValidatingWebhookConfiguration", "gpu-admission")["webhooks"]
+        pods = [h for h in validating if _rules_cover([h], "", "pods", "CREATE")]
+        assert len(admit) == 1 and admit[0]["clientConfig"]["service"]["path"] == "/admit"
+        if which != "validate-pods":
+            assert pods == [], which
+            continue
+        (hook,) = pods
+        assert hook["name"] == "pods.validate.gpu-admission.io"
+        assert hook["clientConfig"]["service"]["path"] == "/validate"
+        for key in ("rules", "namespaceSelector", "matchConditions", "failurePolicy", "timeoutSeconds"):
+            assert hook[key] == admit[0][key], key
+        others = {h["name"] for h in validating} - {hook["name"]}
+        base = one(docs_of("base"), "ValidatingWebhookConfiguration", "gpu-admission")["webhooks"]
+        assert others == {h["name"] for h in base}
 
 
 @pytest.mark.parametrize("kind", sorted(VALIDATE_ONLY_KINDS))
@@ -459,7 +488,7 @@ def test_validate_only_kinds(rendered: list[dict[str, Any]], kind: str) -> None:
 
 def test_pod_webhooks_skip_mirror_pods_and_create_only(rendered: list[dict[str, Any]]) -> None:
     pod_hooks = [h for _, h in all_webhooks(rendered) if _rules_cover([h], "", "pods", "CREATE")]
-    assert len(pod_hooks) == 2
+    assert 1 <= len(pod_hooks) <= 2
     for h in pod_hooks:
         assert all(r["operations"] == ["CREATE"] for r in h["rules"]), h["name"]
         assert any(
@@ -481,7 +510,7 @@ def test_gpu_workload_webhooks_have_a_gpu_condition(rendered: list[dict[str, Any
             text = " ".join(c["expression"] for c in h["matchConditions"])
             assert "'nvidia.com/'" in text, h["name"]
             assert "initContainers" in text and "limits" in text and "requests" in text, h["name"]
-            if _verb_of(h) == "validate":  # any gpu-admission.io/ key: a typo on a CPU object is denied
+            if _verb_of(h) in ("validate", "admit"):  # any gpu-admission.io/ key: a typo on a CPU object is denied
                 assert USER_KEY_CLAUSE.format(where="labels") in text, h["name"]
                 assert USER_KEY_CLAUSE.format(where="annotations") in text, h["name"]
             else:  # nothing to mutate on a CPU object, except a gpu-memory ask (it becomes a MIG slice)
@@ -489,15 +518,17 @@ def test_gpu_workload_webhooks_have_a_gpu_condition(rendered: list[dict[str, Any
 
 
 def test_validating_user_key_clause_covers_the_object_and_every_pod_template(rendered: list[dict[str, Any]]) -> None:
-    """Wherever the mutating twin looks for the gpu-memory annotation (each pod template; the Pod itself), the
-    validating webhook looks for any gpu-admission.io/ label or annotation; plus the object's own metadata."""
+    """Wherever the mutating twin looks for the gpu-memory annotation (each pod template), the validating
+    webhook looks for any gpu-admission.io/ label or annotation; plus the object's own metadata. Pods are
+    judged by pods.admit, whose condition looks at the Pod's own metadata."""
     mutating = {_family_of(h): h for k, h in all_webhooks(rendered) if k.startswith("Mutating")}
-    validating = {_family_of(h): h for k, h in all_webhooks(rendered) if k.startswith("Validating")}
-    assert set(mutating) == set(FAMILIES) and set(FAMILIES) <= set(validating)
+    judging = {_family_of(h): h for _, h in all_webhooks(rendered) if _verb_of(h) != "mutate"}
+    assert set(mutating) == set(FAMILIES) and set(FAMILIES) <= set(judging)
+    assert _verb_of(mutating["pods"]) == "admit"
     for family, m in mutating.items():
         places = " ".join(c["expression"] for c in m["matchConditions"]).count("'gpu-admission.io/gpu-memory' in")
-        text = " ".join(c["expression"] for c in validating[family]["matchConditions"])
-        expected = places + (0 if family == "pods" else 1)
+        text = " ".join(c["expression"] for c in judging[family]["matchConditions"])
+        expected = 1 if family == "pods" else places + 1
         for where in ("metadata.labels", "metadata.annotations"):
             assert text.count(USER_KEY_CLAUSE.format(where=where)) == expected, (family, where)
         assert text.count("object.metadata.labels.exists(") == 1, family
@@ -709,7 +740,7 @@ def _user_key_cases(
 ) -> Iterator[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None, str, bool]]:
     """CPU-only objects with and without gpu-admission.io/ keys: the validating webhook must see every key (the
     engine denies unknown or unparsable ones); the mutating webhook, with nothing to mutate, none of them."""
-    call = verb == "validate"
+    call = verb in ("validate", "admit")
     cpu = _pod_template(CPU)
     lookalike = _with_meta(cpu, LOOKALIKE_LABELS, LOOKALIKE_ANNOTATIONS)
     creates = [
@@ -752,7 +783,7 @@ def cel_cases(
     family: str, verb: str = "validate"
 ) -> Iterator[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None, str, bool]]:
     """(description, operation, object, oldObject, request name, expected match) for one webhook family, as
-    seen by its `verb` (validate or mutate) webhook."""
+    seen by its `verb` (admit, mutate or validate) webhook."""
     if family in ("horizontalpodautoscalers", "scaledobjects"):
         spec = {"scaleTargetRef": {"kind": "Deployment", "name": "d"}, "minReplicas": 1}
         obj = _obj("HPA", spec)
@@ -870,7 +901,7 @@ def test_cel_conditions_on_sample_objects(rendered: list[dict[str, Any]]) -> Non
 def test_cel_cases_as_json_for_the_e2e_dry_run() -> None:
     """The sample cases serialise (the e2e suite can replay them against a real API server)."""
     for family in [*FAMILIES, "horizontalpodautoscalers", "scaledobjects", "policy"]:
-        for verb in ("mutate", "validate"):
+        for verb in ("admit", "mutate", "validate"):
             json.dumps(list(cel_cases(family, verb)))
 
 

@@ -77,7 +77,7 @@ def check_envelope(r: httpx.Response, uid: str) -> dict[str, Any]:
 
 
 def test_non_gpu_pod_allowed_untouched(client: httpx.Client) -> None:
-    for path in ("/mutate", "/validate"):
+    for path in ("/admit", "/mutate", "/validate"):
         resp = check_envelope(post(client, path, review(CPU_POD, uid="cpu")), "cpu")
         assert resp["allowed"] is True
         assert "patch" not in resp and "patchType" not in resp and "status" not in resp
@@ -112,6 +112,33 @@ def test_validate_denies_with_one_line_403(client: httpx.Client) -> None:
     assert "patch" not in resp
     assert resp["auditAnnotations"]["decision"] == "deny"
     assert all("/" not in k and len(k) <= 63 for k in resp["auditAnnotations"])
+
+
+def test_admit_is_mutate_then_validate_in_one_review(client: httpx.Client) -> None:
+    """/admit (the one call per Pod) answers what /mutate and then /validate on the mutated object answer."""
+    obj = pod(name="one-call")
+    admit = check_envelope(post(client, "/admit", review(obj, uid="a1")), "a1")
+    mut = check_envelope(post(client, "/mutate", review(obj, uid="a2")), "a2")
+    assert admit["allowed"] is True and admit["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(admit["patch"])) == json.loads(base64.b64decode(mut["patch"]))
+    mutated = jsonpatch.apply_patch(obj, json.loads(base64.b64decode(admit["patch"])))
+    val = check_envelope(post(client, "/validate", review(mutated, uid="a3")), "a3")
+    assert admit["warnings"] == val["warnings"]
+    assert any(w.startswith("training-queue-priority:") for w in val["warnings"])
+    assert admit["auditAnnotations"]["mutations"] == mut["auditAnnotations"]["mutations"]
+    # a re-invocation on the mutated object: no patch, same verdict
+    again = check_envelope(post(client, "/admit", review(mutated, uid="a4")), "a4")
+    assert again["allowed"] is True and "patch" not in again and again["warnings"] == val["warnings"]
+
+
+def test_admit_denies_without_a_patch(client: httpx.Client) -> None:
+    # a typo key denies; the MIG ask would have been rewritten, but a denied object gets no patch
+    obj = pod(name="bad", labels={}, annotations={"gpu-admission.io/gpu-memry": "10Gi"})
+    resp = check_envelope(post(client, "/admit", review(obj, uid="ad1")), "ad1")
+    assert resp["allowed"] is False and resp["status"]["code"] == 403
+    assert "gpu-admission-annotations" in resp["status"]["message"]
+    assert "patch" not in resp and "patchType" not in resp
+    assert resp["auditAnnotations"]["decision"] == "deny"
 
 
 def test_warnings_fit_the_api_server_limits(client: httpx.Client) -> None:
@@ -178,7 +205,7 @@ def test_dry_run_is_recorded_as_dry_run(server: ServerProcess, client: httpx.Cli
     ],
 )
 def test_malformed_input_is_a_clear_400(client: httpx.Client, body: bytes, status: int, fragment: str) -> None:
-    for path in ("/mutate", "/validate"):
+    for path in ("/admit", "/mutate", "/validate"):
         r = client.post(path, content=body, headers={"Content-Type": "application/json"})
         assert r.status_code == status, r.text
         assert fragment in r.json()["error"]

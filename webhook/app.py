@@ -59,11 +59,13 @@ def _error(status: int, message: str) -> Response:
 
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
-_ADMISSION_PATHS = {"/mutate": "mutate", "/validate": "validate"}
+# /admit mutates and then judges the mutated object in one review: the one call per Pod (docs/deploy.md,
+# "One call per pod"). /mutate and /validate are the two stages for workload templates and other kinds.
+_ADMISSION_PATHS = {"/admit": "admit", "/mutate": "mutate", "/validate": "validate"}
 
 
 def fast_path(app: FastAPI) -> Any:
-    """An ASGI wrapper that answers POST /mutate and /validate directly and hands everything else to
+    """An ASGI wrapper that answers POST /admit, /mutate and /validate directly and hands everything else to
     FastAPI. The admission path is the hot one (every pod create); FastAPI's routing and dependency
     machinery cost more than the decision itself, and the handler (`review_bytes`) is the same either way."""
     review_bytes = app.state.review_bytes
@@ -248,8 +250,8 @@ def create_app(
                 policy=policy,
                 inventory=snap.inventory,
                 ctx=ctx,
-                mutate=webhook == "mutate",
-                validate=webhook == "validate",
+                mutate=webhook != "validate",
+                validate=webhook != "mutate",
             )
 
         try:
@@ -280,11 +282,12 @@ def create_app(
                 warnings=r.warnings if any(x.outcome == "error" for x in r.results) else (),
                 audit=_audit_annotations(r),
             )
-        else:
+        else:  # validate, or admit (the verdict on the mutated object, with the patch that produced it)
             out = admission.response(
                 req.uid,
                 allowed=r.allowed,
                 message=r.denial_message(),
+                patch=r.patch if r.allowed and webhook == "admit" else (),
                 warnings=r.warnings,
                 audit=_audit_annotations(r),
             )
@@ -335,6 +338,10 @@ def create_app(
                 req.uid, allowed=False, message=f"invalid policy in {POLICY_KEY}: {shown}", code=422
             )
         return admission.response(req.uid, allowed=True, audit={"policy-hash": policy.hash})
+
+    @app.post("/admit")
+    async def admit(request: Request) -> Response:
+        return await handle(request, "admit")
 
     @app.post("/mutate")
     async def mutate(request: Request) -> Response:

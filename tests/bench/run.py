@@ -27,6 +27,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--variant", default="baseline", help="server experiment(s) from tests/bench/variants.py, joined with '+'"
     )
+    ap.add_argument(
+        "--placement",
+        default="both",
+        choices=("both", "shared", "isolated"),
+        help="apiserver: where the webhook runs (shared cores, its own core, or both; default both)",
+    )
     ns = ap.parse_args(argv)
     parts = PARTS if ns.part == "all" else (ns.part,)
     from tests.bench import variants
@@ -74,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             from tests.bench import apiserver
 
-            result = apiserver.run(quick=ns.quick, variant=ns.variant)
+            result = apiserver.run(quick=ns.quick, variant=ns.variant, placement=ns.placement)
             path = common.write_json("apiserver" + suffix, result)
         common.say(f"wrote {path}\n")
     return 0

@@ -97,21 +97,25 @@ def test_apiserver_quick(out_dir: Path) -> None:
     data = _load(out_dir, "apiserver")
     assert data["kube_apiserver"].startswith("v1.")
     placement = data["placements"][data["headline_placement"]]
-    for config in ("none", "noop", "webhook", "cel"):
+    for config in ("none", "noop", "webhook", "cel", "noop-2", "webhook-2"):
         for clients in ("1", "20"):
             r = placement["results"][config][clients]
             assert r["errors"] == 0, (config, clients, r["runs"][0].get("error_samples"))
             assert 0 < r["p50_ms"] <= r["p99_ms"], (config, clients)
             calls = r["runs"][0]["admission"]
-            if config == "webhook":  # every create went through both of our webhooks
-                assert calls["pods.mutate.gpu-admission.io"]["calls"] == r["runs"][0]["ok"]
-                assert calls["pods.validate.gpu-admission.io"]["calls"] == r["runs"][0]["ok"]
-            elif config == "noop":  # the reference webhook got the same calls, ours none
-                assert calls["pods.mutate.noop-bench.example.com"]["calls"] == r["runs"][0]["ok"]
+            pod_calls = {k: v["calls"] for k, v in calls.items() if k.startswith("pods.")}
+            ok = r["runs"][0]["ok"]
+            if config == "webhook":  # every create took exactly one call: pods.admit
+                assert pod_calls == {"pods.admit.gpu-admission.io": ok}, pod_calls
+            elif config == "webhook-2":  # ... and two with the validate-pods overlay
+                assert pod_calls == {"pods.admit.gpu-admission.io": ok, "pods.validate.gpu-admission.io": ok}
+            elif config.startswith("noop"):  # the reference webhook got the same calls, ours none
+                assert calls["pods.admit.noop-bench.example.com"]["calls"] == ok
+                assert ("pods.validate.noop-bench.example.com" in calls) == (config == "noop-2"), calls
                 assert not any("gpu-admission.io" in k for k in calls), (config, calls)
             else:
                 assert not any("gpu-admission.io" in k or "noop" in k for k in calls), (config, calls)
-    for config in ("noop", "webhook", "cel"):
+    for config in ("noop", "webhook", "cel", "noop-2", "webhook-2"):
         assert set(placement["vs_baseline"][config]) == {"1", "20"}
     assert isinstance(data["targets"]["p50_delta"]["met"], bool)
     assert data["reload"]["toggles"] == 3 and len(data["reload"]["runs_s"]) == 3

@@ -2,9 +2,10 @@
 
 The engine rejects an unknown or unparsable `gpu-admission.io/` key even on an object that asks for no GPU
 (rule `gpu-admission-annotations`, spec §2: never silently ignored). That only helps if the API server calls
-us: the validating webhooks' CEL matchConditions must match such objects, in every family, while CPU-only
-objects without our keys must still be skipped inside the API server. The mutating configuration keeps the
-narrower condition (nothing to mutate on a CPU object).
+us: the judging webhooks' CEL matchConditions (the validating ones; for Pods, pods.admit, which mutates and
+judges in one call) must match such objects, in every family, while CPU-only objects without our keys must
+still be skipped inside the API server. The template families' mutating webhooks keep the narrower
+condition (nothing to mutate on a CPU object).
 
 "Never called" is measured with the server's request counter (`gpu_admission_requests_total`): the audit log
 alone cannot prove it, since the server writes no record for an object it allows untouched.
@@ -165,10 +166,15 @@ KINDS: dict[str, tuple[str, Callable[[str, Obj], Obj]]] = {
 }
 
 
+def judge(family: str) -> str:
+    """The webhook (its server path) that judges a family: Pods are mutated and judged in one call."""
+    return "admit" if family == "pods" else "validate"
+
+
 def denied_by(r: subprocess.CompletedProcess[str], family: str) -> bool:
     return (
         r.returncode != 0
-        and f'admission webhook "{family}.validate.gpu-admission.io" denied the request' in r.stderr
+        and f'admission webhook "{family}.{judge(family)}.gpu-admission.io" denied the request' in r.stderr
         and "gpu-admission-annotations" in r.stderr
     )
 
@@ -187,8 +193,8 @@ def test_cpu_pod_with_a_misspelled_annotation_is_denied(
     assert "gpu-admission.io/gpu-memry" in r.stderr
     assert "did you mean gpu-admission.io/gpu-memory?" in r.stderr, r.stderr
     assert cp.kubectl("get", "pod", "typo", "-n", namespace, check=False).returncode != 0
-    # Only the validating webhook was called: the mutating one has nothing to do on a CPU pod.
-    assert calls_since(before, webhook) == {("validate", "deny"): 1}
+    # One call, by pods.admit (which also judges): the typo key alone makes a CPU pod reach the webhook.
+    assert calls_since(before, webhook) == {("admit", "deny"): 1}
 
 
 def test_cpu_deployment_with_a_bad_template_label_is_denied(
@@ -259,12 +265,12 @@ def test_every_family_sees_our_keys_on_cpu_objects_and_nothing_else(
         assert r.returncode == 0, f"{case} {name}: {r.stderr}"
         assert calls_since(before, webhook) == {}, f"{case} {name}: the API server called the webhook"
 
-    # A key on the pod template (for a Pod: on the Pod itself): called, denied, by the validating webhook only.
+    # A key on the pod template (for a Pod: on the Pod itself): called once, denied, by the judging webhook.
     for name, t in (("typo", template(annotations=TYPO_ANNOTATION)), ("badlabel", template(labels=BAD_LABEL))):
         before = served(webhook)
         r = dry_run(cp, namespace, build(name, t))
         assert denied_by(r, family), f"{case} {name}: {r.returncode} {r.stderr}"
-        assert calls_since(before, webhook) == {("validate", "deny"): 1}, case
+        assert calls_since(before, webhook) == {(judge(family), "deny"): 1}, case
 
     # A key on the object's own metadata, every pod template clean.
     if case != "Pod":

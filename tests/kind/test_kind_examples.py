@@ -30,14 +30,15 @@ HOSTNAME = "kubernetes.io/hostname"
 NAMESPACE = "gpu-admission"
 POLICY_CONFIGMAP = "gpu-admission-policy"
 #: Which validating webhook of deploy/base/webhook-validating.yaml judges each kind in the examples.
-VALIDATING_WEBHOOK = {
-    "Pod": "pods",
-    "Deployment": "workloads",
-    "Job": "workloads",
-    "PyTorchJob": "kubeflow",
-    "JobSet": "jobsets",
-    "ScaledObject": "scaledobjects",
-    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+# kind -> the webhook that judges it (Pods: mutated and judged in one call by pods.admit).
+JUDGING_WEBHOOK = {
+    "Pod": "pods.admit",
+    "Deployment": "workloads.validate",
+    "Job": "workloads.validate",
+    "PyTorchJob": "kubeflow.validate",
+    "JobSet": "jobsets.validate",
+    "ScaledObject": "scaledobjects.validate",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers.validate",
 }
 WARNING_LINE = re.compile(r"^Warning: ([a-z0-9]+(?:-[a-z0-9]+)+): ", re.MULTILINE)
 
@@ -256,8 +257,8 @@ def test_denied_example_is_refused_with_its_rule_id(cluster: Kind, relpath: str)
             raise AssertionError(f"{exc}: exit {last[0].returncode}, {last[0].stderr}") from None
         for k, exp in wanted.items():
             if exp.denials:
-                webhook = VALIDATING_WEBHOOK[k.split("/")[0]]
-                assert f'admission webhook "{webhook}.validate.gpu-admission.io" denied the request' in r.stderr, (
+                webhook = JUDGING_WEBHOOK[k.split("/")[0]]
+                assert f'admission webhook "{webhook}.gpu-admission.io" denied the request' in r.stderr, (
                     f"{relpath} {k}: {r.stderr}"
                 )
         assert "Fix:" in r.stderr, r.stderr

@@ -54,6 +54,7 @@ func serveNoop(addr, certFile, keyFile string) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(out)
 	}
+	mux.HandleFunc("/admit", admit)
 	mux.HandleFunc("/mutate", admit)
 	mux.HandleFunc("/validate", admit)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
