@@ -421,7 +421,7 @@ def one_run(
         )
         cpu1 = _cpu(pids)
         after = admission_metrics(cp)
-        if config == "webhook":
+        if config.startswith("webhook"):
             time.sleep(0.3)  # the audit writer is asynchronous
             res["webhook_server_side"] = _server_side(configs, audit_at)
     finally:
@@ -446,13 +446,8 @@ def one_run(
     return res
 
 
-def run(quick: bool = False, variant: str = "baseline", placement: str = "both") -> dict[str, Any]:
-    reps = 1 if quick else 3
-    counts = (
-        {"1": 20, "20": 100, "100": 200, "20@100/s": 50}
-        if quick
-        else {"1": 300, "20": 1500, "100": 3000, "20@100/s": 1000}
-    )
+def start(*apiserver_args: str) -> tuple[ControlPlane, Path, list[Path]]:
+    """A control plane with the example GPU nodes, and the pod bodies of the corpus in a temporary directory."""
     driver.build()
     tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-bench-"))
     bodies = []
@@ -460,13 +455,28 @@ def run(quick: bool = False, variant: str = "baseline", placement: str = "both")
         path = tmp / f"pod-{k}.json"
         path.write_bytes(orjson.dumps(pod))
         bodies.append(path)
-    t0 = time.monotonic()
-    cp = ControlPlane(build_binaries()).start()
-    configs: Configs | None = None
+    cp = ControlPlane(build_binaries(), extra_apiserver_args=apiserver_args).start()
     try:
         cp.create_nodes(DEFAULT_NODES_FILE)
         for pc in PRIORITY_CLASSES:
             cp.kubectl("create", "priorityclass", pc, "--value=1000", check=False)
+    except BaseException:
+        cp.stop()
+        raise
+    return cp, tmp, bodies
+
+
+def run(quick: bool = False, variant: str = "baseline", placement: str = "both") -> dict[str, Any]:
+    reps = 1 if quick else 3
+    counts = (
+        {"1": 20, "20": 100, "100": 200, "20@100/s": 50}
+        if quick
+        else {"1": 300, "20": 1500, "100": 3000, "20@100/s": 1000}
+    )
+    t0 = time.monotonic()
+    cp, tmp, bodies = start()
+    configs: Configs | None = None
+    try:
         version = cp.server_version().get("gitVersion", "")
         creds = credentials(cp.kubeconfig, tmp)
         configs = Configs(cp, variant)

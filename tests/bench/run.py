@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from tests.bench import common
 
-PARTS = ("engine", "server", "apiserver")
+PARTS = ("engine", "server", "apiserver", "apiprofile")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -77,11 +77,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             result = server.run(quick=ns.quick, variant=ns.variant)
             path = common.write_json("server" + suffix, result)
-        else:
+        elif part == "apiserver":
             from tests.bench import apiserver
 
             result = apiserver.run(quick=ns.quick, variant=ns.variant, placement=ns.placement)
             path = common.write_json("apiserver" + suffix, result)
+        else:
+            from tests.bench import apiprofile
+
+            result = apiprofile.run(quick=ns.quick, variant=ns.variant)
+            path = common.write_json("apiprofile" + suffix, result)
         common.say(f"wrote {path}\n")
     return 0
 

@@ -119,3 +119,20 @@ def test_apiserver_quick(out_dir: Path) -> None:
         assert set(placement["vs_baseline"][config]) == {"1", "20"}
     assert isinstance(data["targets"]["p50_delta"]["met"], bool)
     assert data["reload"]["toggles"] == 3 and len(data["reload"]["runs_s"]) == 3
+
+
+@pytest.mark.e2e
+def test_apiprofile_quick(out_dir: Path) -> None:
+    assert run.main(["apiprofile", "--quick"]) == 0
+    data = _load(out_dir, "apiprofile")
+    from tests.bench import apiprofile
+
+    calls = "  the calls (encode, HTTP/TLS, decode, patch)"
+    for config, r in data["configs"].items():
+        assert "error" not in r, (config, r)
+        assert _finite_positive(r["pods_per_s"]) and _finite_positive(r["cpu_ms_per_pod"]), (config, r)
+        assert Path(r["profile"]).is_file() and Path(r["profile"]).parent == out_dir
+        assert set(r["paths_ms_per_pod"]) == {label for label, _ in apiprofile.PATHS}
+        if config in ("none", "cel"):  # no webhook registered: the API server made no webhook call
+            assert r["paths_ms_per_pod"][calls] == 0, (config, r["paths_ms_per_pod"])
+    assert set(data["configs"]) == {"none", "noop", "webhook", "cel", "noop-2", "webhook-2"}
