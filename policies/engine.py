@@ -150,9 +150,10 @@ def review(
                     applied.clear()
                     break
                 failed_closed = True
+                subject.invalidate()  # it may have edited anything before it failed
                 continue
             if changed:
-                subject.invalidate(resources_changed=m.id == "gpu-slice")
+                subject.invalidate(m.touches)
                 applied.append(m.id)
                 results.append(RuleResult(m.id, "mutate", "applied"))
 

@@ -14,7 +14,16 @@ from typing import Any
 from policies.inventory import SHARED_STRATEGIES, GpuNode, Offer
 from policies.patch import clone
 from policies.resources import GPU
-from policies.subject import OWN_JOB_LABEL, Pod, Subject
+from policies.subject import (
+    METADATA,
+    NODE_SELECTION,
+    OWN_JOB_LABEL,
+    POD_AFFINITY,
+    RESOURCES,
+    SCHEDULING,
+    Pod,
+    Subject,
+)
 from policies.topology import HOSTNAME, ZONE
 from policies.workloads import Json, containers
 
@@ -45,6 +54,9 @@ class Mutation:
     id: str
     fn: MutationFn
     doc: str
+    # What it may edit (policies.subject constants): the engine then forgets only what was derived from
+    # that. Declaring too little leaves a stale cache; tests/test_engine_cache.py checks every mutation.
+    touches: frozenset[str]
 
 
 def child(parent: Any, key: str, factory: type = dict) -> Any:
@@ -404,6 +416,14 @@ def _add_queue(s: Subject, p: Pod) -> bool:
 def has_rack_constraint(s: Subject, p: Pod) -> bool:
     """A required topology at rack level or finer is already asked for, by affinity, node selection or a
     topology-aware scheduler's annotation: adding training-rack on top would conflict."""
+    # Cached on the pod: training-rack and training-same-rack both ask, once per pod each. Subject.invalidate
+    # forgets it after a mutation that touched node selection, pod affinity or metadata.
+    if p._rack_constraint is None:
+        p._rack_constraint = _rack_constraint(s, p)
+    return p._rack_constraint
+
+
+def _rack_constraint(s: Subject, p: Pod) -> bool:
     from policies.selectors import required_terms
     from policies.subject import meta_map
 
@@ -450,18 +470,18 @@ def _pins_domain(term: Any, fine: frozenset[str]) -> bool:
 
 
 def _registry() -> tuple[Mutation, ...]:
-    fns: tuple[tuple[str, MutationFn], ...] = (
+    fns: tuple[tuple[str, MutationFn, frozenset[str]], ...] = (
         # Order matters: slices are chosen first, so the pool and exclusivity rules see the final resource.
-        ("gpu-slice", gpu_slice),
-        ("training-pool", training_pool),
-        ("online-exclusive", online_exclusive),
-        ("training-rack", training_rack),
-        ("training-node-pack", training_node_pack),
-        ("inference-spread", inference_spread),
-        ("gpu-toleration", gpu_toleration),
-        ("scheduler-queue", scheduler_queue),
+        ("gpu-slice", gpu_slice, frozenset({RESOURCES, NODE_SELECTION})),
+        ("training-pool", training_pool, frozenset({NODE_SELECTION})),
+        ("online-exclusive", online_exclusive, frozenset({NODE_SELECTION})),
+        ("training-rack", training_rack, frozenset({POD_AFFINITY, METADATA})),  # + our job label
+        ("training-node-pack", training_node_pack, frozenset({POD_AFFINITY, METADATA})),
+        ("inference-spread", inference_spread, frozenset({SCHEDULING})),
+        ("gpu-toleration", gpu_toleration, frozenset({SCHEDULING})),
+        ("scheduler-queue", scheduler_queue, frozenset({SCHEDULING, METADATA})),  # queue labels / annotation
     )
-    return tuple(Mutation(mid, fn, (fn.__doc__ or "").strip()) for mid, fn in fns)
+    return tuple(Mutation(mid, fn, (fn.__doc__ or "").strip(), touches) for mid, fn, touches in fns)
 
 
 MUTATIONS: tuple[Mutation, ...] = _registry()

@@ -6,7 +6,7 @@ dicts as in the working copy), and rules read the result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,15 @@ _DISTRIBUTED_POD_LABELS = (
 
 Resolver = Callable[[str, str, str], Json | None]  # (kind, namespace, name) -> object or None
 
+# What a mutation may edit (Mutation.touches), so Subject.invalidate forgets only what was derived from it.
+RESOURCES = "resources"  # containers' resources: the ask, gpu_pods, the job's size
+NODE_SELECTION = "node-selection"  # nodeName, nodeSelector, required node affinity: candidates, rack constraint
+POD_AFFINITY = "pod-affinity"  # podAffinity / podAntiAffinity: rack constraint
+METADATA = "metadata"  # labels and annotations of the object or a template: job identity, rack constraint
+SCHEDULING = "scheduling"  # tolerations, spread constraints, scheduler, queue, priority: nothing is derived
+EVERYTHING = frozenset({RESOURCES, NODE_SELECTION, POD_AFFINITY, METADATA, SCHEDULING})
+_RACK_INPUTS = frozenset({NODE_SELECTION, POD_AFFINITY, METADATA})
+
 
 @dataclass(frozen=True)
 class ReviewContext:
@@ -48,8 +57,11 @@ class Pod:
     keys: userkeys.UserKeys
     workload: str | None
     latency: str
+    # Derived from the pod spec and cached: rules read them many times. The engine calls Subject.invalidate
+    # after every mutation that changed something, with what that mutation touches.
     _ask: PodAsk | None = None
     _candidates: list[GpuNode] | None = None
+    _rack_constraint: bool | None = None  # see mutations.has_rack_constraint
 
     @property
     def pod(self) -> Json:
@@ -57,8 +69,6 @@ class Pod:
 
     @property
     def ask(self) -> PodAsk:
-        # Cached: rules read it many times. The engine calls Subject.invalidate() after every mutation
-        # that changed something, since gpu-slice renames resources.
         if self._ask is None:
             self._ask = pod_ask(self.template.pod)
         return self._ask
@@ -102,13 +112,21 @@ class Subject:
     name: str
     namespace: str
     pods: list[Pod]
-    job: Job
     policy: Policy
     inventory: Inventory
     ctx: ReviewContext
     notes: list[str] = field(default_factory=list)
     _gpu_pods: list[Pod] | None = None
     _obj_keys: userkeys.UserKeys = field(default_factory=userkeys.UserKeys)
+    _job: Job | None = None
+
+    @property
+    def job(self) -> Job:
+        """Derived on first use, and again after a mutation that touched resources or labels: the mutations
+        after gpu-slice, and a second pass over the result, must see the same job."""
+        if self._job is None:
+            self._job = _derive_job(self.kind, self.obj, self.name, self.pods, self._obj_keys)
+        return self._job
 
     @property
     def gpu_pods(self) -> list[Pod]:
@@ -116,16 +134,21 @@ class Subject:
             self._gpu_pods = [p for p in self.pods if p.ask.asks_gpu or p.keys.gpu_memory is not None]
         return self._gpu_pods
 
-    def invalidate(self, resources_changed: bool = False) -> None:
-        """Forget what was derived from the pod specs (after a mutation edited them). When GPU resources
-        changed (gpu-slice turns whole GPUs into slices) the job's size is derived again too: the mutations
-        after it, and a second pass over the result, must see the same job."""
-        self._gpu_pods = None
+    def invalidate(self, touched: Collection[str] = EVERYTHING) -> None:
+        """Forget what was derived from the parts of the pod specs a mutation edited (`touched`, of the
+        constants above; by default all of it)."""
+        if RESOURCES in touched:
+            self._gpu_pods = None
+        if RESOURCES in touched or METADATA in touched:
+            self._job = None
+        rack = not _RACK_INPUTS.isdisjoint(touched)
         for p in self.pods:
-            p._ask = None
-            p._candidates = None
-        if resources_changed:
-            self.job = _job(self.kind, self.obj, self.name, self.pods, self._obj_keys)
+            if RESOURCES in touched:
+                p._ask = None
+            if NODE_SELECTION in touched:
+                p._candidates = None
+            if rack:
+                p._rack_constraint = None
 
     @property
     def workload(self) -> str | None:
@@ -163,11 +186,10 @@ def build(obj: Json, policy: Policy, inventory: Inventory, ctx: ReviewContext) -
         pods.append(Pod(tpl, keys, workload, latency))
     name = meta_str(obj, "name")
     namespace = meta_str(obj, "namespace")
-    job = _job(kind, obj, name, pods, obj_keys)
-    return Subject(kind, obj, name, namespace, pods, job, policy, inventory, ctx, _obj_keys=obj_keys)
+    return Subject(kind, obj, name, namespace, pods, policy, inventory, ctx, _obj_keys=obj_keys)
 
 
-def _job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkeys.UserKeys) -> Job:
+def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkeys.UserKeys) -> Job:
     gpu_pods = [p for p in pods if p.ask.asks_gpu]
     job_gpus = next((p.keys.job_gpus for p in pods if p.keys.job_gpus), None) or obj_keys.job_gpus
     if kind == "Pod":
