@@ -7,13 +7,13 @@ must land in). Everything here is computed once per inventory change, not per re
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from policies import mig, topology
 from policies.document import Policy, Pool
 from policies.resources import GPU, GPU_SHARED, is_gpu_resource, parse_count
-from policies.selectors import node_filter
+from policies.selectors import NodeSelection, node_selection, selection_filter
 from policies.workloads import Json
 
 SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
@@ -21,6 +21,10 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 SHARED_STRATEGIES = ("time-slicing", "mps")
 _MIB = 2**20
+# Candidates cached per inventory: distinct node selections seen (pods of one job share one), and the
+# longest selection worth keeping (a normal one is a few hundred characters; a huge one is just recomputed).
+CANDIDATES_CACHE_SIZE = 128
+CANDIDATES_KEY_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -74,14 +78,42 @@ class Inventory:
     max_memory_bytes: int
     warnings: tuple[str, ...]
     max_rack_gpus: int = 0  # whole-card GPUs in the largest rack (0: no rack label)
+    # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
+    # changes (a node event builds a new one, which starts empty).
+    _candidates: dict[str, tuple[GpuNode, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def empty(self) -> bool:
         return not self.nodes
 
     def candidates(self, pod: Json) -> list[GpuNode]:
-        """GPU nodes the pod's nodeSelector / required node affinity allow."""
-        allowed = node_filter(pod)
+        """GPU nodes the pod's nodeSelector / required node affinity allow (nodeName, nodeSelector and the
+        required terms; tolerations, preferred affinity and pod affinity do not narrow it)."""
+        selection = node_selection(pod)
+        # repr, not a JSON dump: it tells None from NaN, 1 from 1.0 and a date from its string, so equal keys
+        # are equal selections even for YAML-loaded input.
+        try:
+            key = repr(selection)
+        except RecursionError:
+            key = ""
+        if not key or len(key) > CANDIDATES_KEY_LIMIT:
+            return self._match(selection)
+        cache = self._candidates
+        # pop + insert keeps the most recently used last. Each step stays valid if another thread's review
+        # touches the cache in between: at worst an entry is computed twice or evicted late.
+        hit = cache.pop(key, None)
+        if hit is None:
+            hit = tuple(self._match(selection))
+        cache[key] = hit
+        while len(cache) > CANDIDATES_CACHE_SIZE:
+            try:
+                del cache[next(iter(cache))]
+            except (KeyError, RuntimeError, StopIteration):
+                break
+        return list(hit)
+
+    def _match(self, selection: NodeSelection) -> list[GpuNode]:
+        allowed = selection_filter(selection)
         return [n for n in self.nodes if allowed(n.labels, n.name)]
 
     def offering(self, resource: str) -> list[GpuNode]:

@@ -68,17 +68,34 @@ def required_terms(pod: Json) -> list[Any] | None:
     return terms if isinstance(terms, list) else None
 
 
+# (nodeName or "", nodeSelector items, required nodeSelectorTerms or None): everything node_filter reads.
+NodeSelection = tuple[str, tuple[tuple[Any, Any], ...], list[Any] | None]
+ANY_NODE: NodeSelection = ("", (), None)
+
+
+def node_selection(pod: Json) -> NodeSelection:
+    """The parts of a pod that decide which nodes it may land on; equal selections allow the same nodes
+    (Inventory.candidates caches on this)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return ANY_NODE
+    pinned = spec.get("nodeName")
+    raw = spec.get("nodeSelector")
+    return (
+        pinned if isinstance(pinned, str) else "",
+        tuple(raw.items()) if isinstance(raw, dict) else (),
+        required_terms(pod),
+    )
+
+
 def node_filter(pod: Json) -> Callable[[Mapping[str, str], str], bool]:
     """A predicate (node labels, node name) -> may this pod land there, with the pod's nodeName,
     nodeSelector and required terms read once rather than once per node."""
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        return lambda labels, name: True
-    pinned = spec.get("nodeName")
-    pinned = pinned if isinstance(pinned, str) and pinned else ""
-    raw = spec.get("nodeSelector")
-    selector = tuple(raw.items()) if isinstance(raw, dict) else ()
-    terms = required_terms(pod)
+    return selection_filter(node_selection(pod))
+
+
+def selection_filter(selection: NodeSelection) -> Callable[[Mapping[str, str], str], bool]:
+    pinned, selector, terms = selection
 
     def matches(labels: Mapping[str, str], name: str) -> bool:
         if pinned and name and pinned != name:

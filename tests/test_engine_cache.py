@@ -1,5 +1,7 @@
 """The engine's caches never change a decision.
 
+- `Inventory.candidates` is cached per inventory on the pod's node selection: a cached answer is only reused
+  for an equal selection, on the inventory that computed it.
 - `Subject` caches what it derives from the pod specs (ask, candidates, rack constraint, job); after a
   mutation it forgets what that mutation declares it touches (`Mutation.touches`). Checked on every golden
   case and on generated workloads: with every cache filled before each mutation, every cached value after it
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 from typing import Any
 
 import pytest
@@ -19,7 +22,7 @@ from hypothesis import strategies as st
 
 from policies import inventory as inventory_mod
 from policies.engine import ReviewContext, review
-from policies.mutations import MUTATIONS, _rack_constraint, has_rack_constraint
+from policies.mutations import MUTATIONS, WHOLE_CARD_EXPRESSIONS, _rack_constraint, has_rack_constraint
 from policies.resources import pod_ask
 from policies.selectors import node_filter
 from policies.subject import EVERYTHING, Subject, _derive_job, build
@@ -170,3 +173,171 @@ def test_rules_see_the_mutations_of_the_same_review(
         assert got == (allowed, denials, mutations), [d.message for d in r.denials]
     again = review(r.object, policy=policy, inventory=shared)
     assert again.allowed == allowed and not again.mutations
+
+
+# --- Inventory.candidates across reviews -----------------------------------------------------------------
+
+ALL = ["h100-a-1", "h100-a-2", "h100-b-1", "h100-b-2", "a100-mig-1", "l4-ts-1"]
+
+
+def inventory() -> inventory_mod.Inventory:
+    """The example cluster; l4-ts-1 also carries a label whose value YAML would read as a date."""
+    nodes = copy.deepcopy(list(golden._node_objects(golden.DEFAULT_NODES)))
+    for n in nodes:
+        if n["metadata"]["name"] == "l4-ts-1":
+            n["metadata"]["labels"]["day"] = "2026-11-30"
+    return inventory_mod.build(nodes, golden.policy_for(None))
+
+
+def pod(spec: Any = None, **fields: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
+    if spec is not None or fields:
+        out["spec"] = spec if spec is not None else fields
+    return out
+
+
+def required(*terms: Any) -> dict[str, Any]:
+    return {
+        "affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}
+        }
+    }
+
+
+def names(nodes: list[inventory_mod.GpuNode]) -> list[str]:
+    return [n.name for n in nodes]
+
+
+# Selections that look alike to a sloppy key (JSON null for NaN, "4" for 4, a date as its ISO string, [] for
+# no terms) but allow different nodes.
+SELECTIONS: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("no spec", pod(), ALL),
+    ("spec not a mapping", pod(spec=["x"]), ALL),
+    ("empty spec", pod(spec={}), ALL),
+    ("nodeName h100-a-1", pod(nodeName="h100-a-1"), ["h100-a-1"]),
+    ("nodeName l4-ts-1", pod(nodeName="l4-ts-1"), ["l4-ts-1"]),
+    ("nodeName not a string", pod(nodeName=7), ALL),
+    ("nodeSelector rack-a", pod(nodeSelector={RACK: "rack-a"}), ["h100-a-1", "h100-a-2"]),
+    ("nodeSelector rack-b", pod(nodeSelector={RACK: "rack-b"}), ["h100-b-1", "h100-b-2"]),
+    ("nodeSelector absent label: null", pod(nodeSelector={"absent": None}), ALL),
+    ("nodeSelector absent label: NaN", pod(nodeSelector={"absent": float("nan")}), []),
+    ("nodeSelector replicas '4'", pod(nodeSelector={"nvidia.com/gpu.replicas": "4"}), ["l4-ts-1"]),
+    ("nodeSelector replicas 4", pod(nodeSelector={"nvidia.com/gpu.replicas": 4}), []),
+    ("nodeSelector a date", pod(nodeSelector={"day": datetime.date(2026, 11, 30)}), []),
+    ("nodeSelector the date's string", pod(nodeSelector={"day": "2026-11-30"}), ["l4-ts-1"]),
+    ("nodeSelector the rack, in a list", pod(nodeSelector={RACK: ["rack-a"]}), []),
+    ("no required terms", pod(spec={"affinity": {"nodeAffinity": {}}}), ALL),
+    ("required terms: empty list", pod(spec=required()), []),
+    ("whole cards", pod(spec=required({"matchExpressions": [dict(e) for e in WHOLE_CARD_EXPRESSIONS]})),
+     ["h100-a-1", "h100-a-2", "h100-b-1", "h100-b-2"]),
+    ("time-sliced", pod(spec=required({"matchExpressions": [
+        {"key": "nvidia.com/gpu.sharing-strategy", "operator": "In", "values": ["time-slicing"]}]})), ["l4-ts-1"]),
+    ("Gt '1' (a string)", pod(spec=required({"matchExpressions": [
+        {"key": "nvidia.com/gpu.replicas", "operator": "Gt", "values": ["1"]}]})), ["l4-ts-1"]),
+    ("Gt 1 (a number)", pod(spec=required({"matchExpressions": [
+        {"key": "nvidia.com/gpu.replicas", "operator": "Gt", "values": [1]}]})), []),
+    ("rack-a or rack-b", pod(spec=required(
+        {"matchExpressions": [{"key": RACK, "operator": "In", "values": ["rack-a"]}]},
+        {"matchExpressions": [{"key": RACK, "operator": "In", "values": ["rack-b"]}]})),
+     ["h100-a-1", "h100-a-2", "h100-b-1", "h100-b-2"]),
+    ("matchFields hostname", pod(spec=required({"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["a100-mig-1"]}]})), ["a100-mig-1"]),
+    ("nodeName and a selector that excludes it", pod(nodeName="l4-ts-1", nodeSelector={RACK: "rack-a"}), []),
+    ("tolerations do not narrow", pod(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]), ALL),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["forward", "backward", "twice"])
+def test_cached_candidates_are_per_selection(order: str) -> None:
+    """One inventory answers every selection in turn (so each lookup meets the others' entries) and gives
+    what the selection allows, as a fresh inventory does."""
+    inv = inventory()
+    table = {"forward": SELECTIONS, "backward": SELECTIONS[::-1], "twice": SELECTIONS + SELECTIONS}[order]
+    for what, p, want in table:
+        assert names(inv.candidates(p)) == want, what
+        assert names(inventory().candidates(p)) == want, f"{what} (fresh inventory)"
+
+
+def test_the_selection_table_tells_look_alikes_apart() -> None:
+    """The table above means something only if its look-alike pairs allow different nodes."""
+    got = {what: want for what, _, want in SELECTIONS}
+    assert got["nodeSelector absent label: null"] != got["nodeSelector absent label: NaN"]
+    assert got["nodeSelector replicas '4'"] != got["nodeSelector replicas 4"]
+    assert got["no required terms"] != got["required terms: empty list"]
+    assert got["Gt '1' (a string)"] != got["Gt 1 (a number)"]
+    assert got["nodeSelector a date"] != got["nodeSelector the date's string"]
+
+
+def test_pods_of_one_job_share_an_entry_and_get_their_own_list() -> None:
+    inv = inventory()
+    spec = required({"matchExpressions": [dict(e) for e in WHOLE_CARD_EXPRESSIONS]})
+    first = inv.candidates(pod(spec=copy.deepcopy(spec)))
+    first.clear()  # a caller editing its list must not edit the cache
+    second = inv.candidates(pod(spec=copy.deepcopy(spec)))
+    assert names(second) == ["h100-a-1", "h100-a-2", "h100-b-1", "h100-b-2"]
+    assert len(inv._candidates) == 1
+
+
+def test_an_inventory_with_other_nodes_has_its_own_cache() -> None:
+    policy = golden.policy_for(None)
+    nodes = list(golden._node_objects(golden.DEFAULT_NODES))
+    everything = inventory_mod.build(copy.deepcopy(nodes), policy)
+    no_rack_a = inventory_mod.build(
+        [n for n in copy.deepcopy(nodes) if n["metadata"]["name"] not in ("h100-a-1", "h100-a-2")], policy
+    )
+    anywhere = pod()
+    assert names(everything.candidates(anywhere)) == ALL
+    assert names(no_rack_a.candidates(anywhere)) == ALL[2:]
+    assert names(no_rack_a.candidates(pod(nodeSelector={RACK: "rack-a"}))) == []
+    assert names(everything.candidates(pod(nodeSelector={RACK: "rack-a"}))) == ["h100-a-1", "h100-a-2"]
+    rebuilt = inventory_mod.build(copy.deepcopy(nodes), policy)
+    assert rebuilt._candidates == {} and rebuilt == everything  # the cache is no part of equality
+
+
+def test_the_cache_is_bounded_and_keeps_recently_used_selections(monkeypatch: pytest.MonkeyPatch) -> None:
+    computed: list[str] = []
+    match = inventory_mod.Inventory._match
+
+    def counting(self: inventory_mod.Inventory, selection: Any) -> list[inventory_mod.GpuNode]:
+        computed.append(selection[0])
+        return match(self, selection)
+
+    monkeypatch.setattr(inventory_mod.Inventory, "_match", counting)
+    inv = inventory()
+    size = inventory_mod.CANDIDATES_CACHE_SIZE
+    for i in range(size):
+        inv.candidates(pod(nodeName=f"n{i}"))
+    inv.candidates(pod(nodeName="n0"))  # used again: now the most recent
+    inv.candidates(pod(nodeName="new"))  # evicts the least recently used, n1
+    assert len(inv._candidates) == size
+    computed.clear()
+    inv.candidates(pod(nodeName="n0"))
+    assert computed == []
+    inv.candidates(pod(nodeName="n1"))
+    assert computed == ["n1"]
+
+
+def test_a_huge_selection_is_answered_but_not_kept() -> None:
+    inv = inventory()
+    huge = pod(nodeSelector={RACK: "rack-a", "note": "x" * (inventory_mod.CANDIDATES_KEY_LIMIT + 1)})
+    assert names(inv.candidates(huge)) == []
+    assert inv._candidates == {}
+
+
+def test_reviews_of_unrelated_objects_in_between_change_nothing() -> None:
+    """Every golden input reviewed on one shared inventory, twice around, decides as on a fresh one."""
+    policy = golden.policy_for(None)
+    shared = golden.inventory_for(golden.DEFAULT_NODES, policy)
+    cases = [golden.load_case(p) for p in golden.case_files()]
+    cases = [c for c in cases if not c.get("policy") and c.get("nodes", golden.DEFAULT_NODES) == golden.DEFAULT_NODES]
+    assert len(cases) > 50
+
+    def decide(case: dict[str, Any], inv: inventory_mod.Inventory) -> tuple[Any, ...]:
+        ctx = ReviewContext(namespace_labels=case.get("namespaceLabels"))
+        r = review(copy.deepcopy(case["input"]), policy=policy, inventory=inv, ctx=ctx)
+        return (r.allowed, r.denials, r.warnings, r.mutations, r.patch, r.results)
+
+    fresh = [decide(c, golden.inventory_for(golden.DEFAULT_NODES, policy)) for c in cases]
+    for _ in range(2):
+        assert [decide(c, shared) for c in cases] == fresh
+    assert shared._candidates

@@ -13,9 +13,6 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from tests.serverproc import ROOT
 
@@ -48,45 +45,9 @@ _audit.AuditLog.record = lambda self, rec: True
 }
 
 
-def _cached_candidates() -> Callable[[], None]:
-    """Inventory.candidates memoised on the pod's node selection (nodeName, nodeSelector, required node
-    affinity): the suggested fix for the engine's hottest path. Returns the undo."""
-    from policies import inventory as inventory_mod
-
-    original = inventory_mod.Inventory.candidates
-    cache: dict[tuple[int, bytes], list[Any]] = {}
-
-    def candidates(self: Any, pod: dict[str, Any]) -> list[Any]:
-        def sub(d: dict[str, Any], key: str) -> dict[str, Any]:
-            v = d.get(key)
-            return v if isinstance(v, dict) else {}
-
-        spec = sub(pod, "spec")
-        node = sub(sub(spec, "affinity"), "nodeAffinity")
-        selection = [
-            spec.get("nodeName"),
-            spec.get("nodeSelector"),
-            node.get("requiredDuringSchedulingIgnoredDuringExecution"),
-        ]
-        try:
-            key = (id(self), orjson.dumps(selection))
-        except TypeError:
-            return original(self, pod)
-        hit = cache.get(key)
-        if hit is None:
-            hit = cache[key] = original(self, pod)
-        return list(hit)
-
-    inventory_mod.Inventory.candidates = candidates  # type: ignore[method-assign]
-
-    def undo() -> None:
-        inventory_mod.Inventory.candidates = original  # type: ignore[method-assign]
-
-    return undo
-
-
 # In-process experiments on the engine (the engine part runs in this process): name -> apply, returning undo.
-ENGINE_PATCHES: dict[str, Callable[[], Callable[[], None]]] = {"cached-candidates": _cached_candidates}
+# (None now: cached-candidates became Inventory.candidates' own cache.)
+ENGINE_PATCHES: dict[str, Callable[[], Callable[[], None]]] = {}
 
 
 def engine_patch(spec: str) -> Callable[[], None]:
