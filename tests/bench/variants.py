@@ -36,6 +36,20 @@ _app.create_app = _frozen_create_app
 import sys as _sys
 _sys.setswitchinterval(0.0005)
 """,
+    # uvicorn's own httptools protocol instead of webhook.transport's: head and body of every response as two
+    # writes (two TLS records, two sends), as before the writes were coalesced.
+    "uncoalesced": """
+import webhook.transport as _transport
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
+_transport.CoalescingHttpToolsProtocol = _HttpToolsProtocol
+""",
+    # The audit writer without its linger: it writes what is queued as soon as it wakes (smaller batches,
+    # more wake-ups and writes).
+    "audit-linger-0": """
+import functools as _functools
+import webhook.audit as _audit
+_audit.AuditLog.__init__ = _functools.partialmethod(_audit.AuditLog.__init__, linger=0.0)
+""",
     # No audit log writes: records are dropped on the request path (an upper bound of what the audit log costs:
     # the record dict, the queue, waking the writer thread and its GIL hand-offs).
     "audit-off": """
