@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         http=CoalescingHttpToolsProtocol,  # httptools, one TLS record and one send per response
+        ws="none",  # no WebSocket endpoints: an Upgrade request is answered as plain HTTP
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=25,

@@ -258,8 +258,8 @@ def engine_corpus() -> list[Case]:
 
 
 def server_mix() -> list[tuple[str, Json]]:
-    """(webhook, object) pairs for the server benchmark: realistic pods, each sent to /mutate as created and
-    to /validate as mutated, so the two webhooks get equal shares."""
+    """(webhook, object) pairs for the server benchmark: realistic pods, each sent to /admit as created —
+    what the API server sends for a Pod (one call: mutate, then judge the mutated object)."""
     out: list[tuple[str, Json]] = []
     for case in (
         Case("training-pod-8gpu", "", training_pod()),
@@ -267,8 +267,7 @@ def server_mix() -> list[tuple[str, Json]]:
         Case("inference-mig-pod", "", mig_pod()),
         Case("inference-replica-pod", "", inference_replica_pod()),
     ):
-        out.append(("mutate", case.obj))
-        out.append(("validate", case.mutated))
+        out.append(("admit", case.obj))
     return out
 
 

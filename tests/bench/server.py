@@ -2,8 +2,8 @@
 
 Each server runs exactly as `ServerProcess` starts it for the contract tests: `--nodes
 examples/cluster/nodes.yaml --no-kube`, the built-in policy, the audit log written to a file. The load is a
-mix of realistic pods (corpus.server_mix): each pod is POSTed to /mutate as created and to /validate as
-mutated, with a unique name and uid per request.
+mix of realistic pods (corpus.server_mix): each pod is POSTed to /admit as created (what the API server sends
+for a Pod: one review that mutates and judges), with a unique name and uid per request.
 
 - one worker: one serve process. At saturation (closed loop) it is pinned to CPU 1 and the load generator to
   CPU 0, so that the throughput is that of one worker on one core; at fixed offered rates nothing is pinned
