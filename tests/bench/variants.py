@@ -3,8 +3,8 @@
 These measure what a change to webhook/ or policies/ would buy before anyone makes it (docs/benchmarks.md
 quotes them); they are never part of the product. Engine experiments (ENGINE_PATCHES) patch this process,
 for the engine part. `--variant a+b` combines them. The baseline (no variant) is the product
-exactly as shipped. To try uvloop + httptools (`uvicorn[standard]`), run the benchmark itself with the
-Python of a virtualenv that has them installed (the server is started with the same interpreter).
+exactly as shipped (uvloop + httptools, which the package requires; the server is started with the
+benchmark's own interpreter).
 """
 
 from __future__ import annotations
