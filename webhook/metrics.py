@@ -12,6 +12,15 @@ from collections.abc import Callable
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+def _num(value: float) -> str:
+    """A sample value at full precision: `%g` would print 1234567 as 1.23457e+06, so a counter past a million
+    would move in steps and rate() would lie; integers print as integers, other floats as repr (shortest
+    round-trip form)."""
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(float(value))
+
+
 def _labels(pairs: tuple[tuple[str, str], ...]) -> str:
     if not pairs:
         return ""
@@ -56,7 +65,7 @@ class Metrics:
             for name, series in sorted(self._counters.items()):
                 kind, text = self._help.get(name, ("counter", name))
                 lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-                lines += [f"{name}{_labels(lab)} {val:g}" for lab, val in sorted(series.items())]
+                lines += [f"{name}{_labels(lab)} {_num(val)}" for lab, val in sorted(series.items())]
             if self._hist:
                 name = "gpu_admission_request_duration_seconds"
                 lines += [f"# HELP {name} Time to answer an admission review", f"# TYPE {name} histogram"]
@@ -64,16 +73,16 @@ class Metrics:
                     cum = 0.0
                     for bound, c in zip(BUCKETS, counts, strict=False):
                         cum += c
-                        lines.append(f"{name}_bucket{_labels((*lab, ('le', f'{bound:g}')))} {cum:g}")
+                        lines.append(f"{name}_bucket{_labels((*lab, ('le', f'{bound:g}')))} {_num(cum)}")
                     cum += counts[-1]
-                    lines.append(f"{name}_bucket{_labels((*lab, ('le', '+Inf')))} {cum:g}")
+                    lines.append(f"{name}_bucket{_labels((*lab, ('le', '+Inf')))} {_num(cum)}")
                     lines.append(f"{name}_sum{_labels(lab)} {self._hist_sum[lab]:.6f}")
-                    lines.append(f"{name}_count{_labels(lab)} {cum:g}")
+                    lines.append(f"{name}_count{_labels(lab)} {_num(cum)}")
         for name, fn in sorted(self._gauges.items()):
             kind, text = self._help[name]
             lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
             try:
-                lines += [f"{name}{_labels(lab)} {val:g}" for lab, val in fn()]
+                lines += [f"{name}{_labels(lab)} {_num(float(val))}" for lab, val in fn()]
             except Exception:  # a broken gauge must not break the scrape
                 continue
         return "\n".join(lines) + "\n"
