@@ -22,7 +22,6 @@ from webhook.cmd_audit import Summary, parse_duration, render_table
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "PYTHONPATH": str(ROOT)}
-NOW = time.time()
 
 
 def decision(
@@ -39,7 +38,7 @@ def decision(
     latency: float = 0.5,
 ) -> dict[str, Any]:
     return {
-        "time": format_time(NOW - minutes_ago * 60),
+        "time": format_time(time.time() - minutes_ago * 60),
         "uid": f"uid-{i}",
         "dryRun": dry_run,
         "webhook": "validate",
@@ -64,81 +63,90 @@ def decision(
     }
 
 
-# 12 decisions over the last 3 hours; written oldest first.
-DECISIONS = [
-    decision(
-        0,
-        minutes_ago=170,
-        verdict="deny",
-        rules=[("training-same-rack", "deny")],
-        kind="PyTorchJob",
-        name="bert",
-        latency=1.0,
-    ),
-    decision(
-        1,
-        minutes_ago=160,
-        verdict="deny",
-        rules=[("training-same-rack", "deny")],
-        kind="PyTorchJob",
-        name="bert",
-        latency=2.0,
-    ),
-    decision(2, minutes_ago=150, verdict="warn", rules=[("training-queue-priority", "warn")], latency=3.0),
-    decision(3, minutes_ago=140, namespace="serving", kind="Deployment", user="bob", latency=4.0),
-    decision(
-        4,
-        minutes_ago=100,
-        verdict="deny",
-        namespace="serving",
-        kind="Deployment",
-        name="llama",
-        rules=[("online-no-timeslice", "deny"), ("training-queue-priority", "warn")],
-        latency=5.0,
-    ),
-    decision(
-        5,
-        minutes_ago=90,
-        dry_run=True,
-        verdict="deny",
-        rules=[("training-same-rack", "deny")],
-        kind="PyTorchJob",
-        name="bert",
-        latency=6.0,
-    ),
-    decision(
-        6,
-        minutes_ago=80,
-        namespace="ci",
-        kind="Job",
-        user="system:serviceaccount:ci:runner",
-        rules=[("gpu-request-fits", "audit")],
-        latency=7.0,
-    ),
-    decision(7, minutes_ago=50, latency=8.0),
-    decision(
-        8,
-        minutes_ago=40,
-        verdict="warn",
-        namespace="serving",
-        rules=[("training-queue-priority", "warn")],
-        latency=9.0,
-    ),
-    decision(9, minutes_ago=30, user="bob", latency=10.0),
-    decision(10, minutes_ago=10, namespace="ci", kind="Job", latency=11.0),
-    decision(11, minutes_ago=5, verdict="deny", rules=[("training-elastic-shrink", "deny")], latency=100.0),
-]
+def decisions() -> list[dict[str, Any]]:
+    """12 decisions over the last 3 hours, oldest first, timed from now: `--since` compares with the clock at
+    the query, so records made at import time would drift towards the window's edge in a long test run."""
+    return [
+        decision(
+            0,
+            minutes_ago=170,
+            verdict="deny",
+            rules=[("training-same-rack", "deny")],
+            kind="PyTorchJob",
+            name="bert",
+            latency=1.0,
+        ),
+        decision(
+            1,
+            minutes_ago=160,
+            verdict="deny",
+            rules=[("training-same-rack", "deny")],
+            kind="PyTorchJob",
+            name="bert",
+            latency=2.0,
+        ),
+        decision(2, minutes_ago=150, verdict="warn", rules=[("training-queue-priority", "warn")], latency=3.0),
+        decision(3, minutes_ago=140, namespace="serving", kind="Deployment", user="bob", latency=4.0),
+        decision(
+            4,
+            minutes_ago=100,
+            verdict="deny",
+            namespace="serving",
+            kind="Deployment",
+            name="llama",
+            rules=[("online-no-timeslice", "deny"), ("training-queue-priority", "warn")],
+            latency=5.0,
+        ),
+        decision(
+            5,
+            minutes_ago=90,
+            dry_run=True,
+            verdict="deny",
+            rules=[("training-same-rack", "deny")],
+            kind="PyTorchJob",
+            name="bert",
+            latency=6.0,
+        ),
+        decision(
+            6,
+            minutes_ago=80,
+            namespace="ci",
+            kind="Job",
+            user="system:serviceaccount:ci:runner",
+            rules=[("gpu-request-fits", "audit")],
+            latency=7.0,
+        ),
+        decision(7, minutes_ago=50, latency=8.0),
+        decision(
+            8,
+            minutes_ago=40,
+            verdict="warn",
+            namespace="serving",
+            rules=[("training-queue-priority", "warn")],
+            latency=9.0,
+        ),
+        decision(9, minutes_ago=30, user="bob", latency=10.0),
+        decision(10, minutes_ago=10, namespace="ci", kind="Job", latency=11.0),
+        decision(11, minutes_ago=5, verdict="deny", rules=[("training-elastic-shrink", "deny")], latency=100.0),
+    ]
 
 
-@pytest.fixture(scope="module")
-def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The decisions written by a real AuditLog with rotation and gzip: current + several .N.gz files."""
+@pytest.fixture
+def logged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """The decisions written by a real AuditLog with rotation and gzip (current + several .N.gz files), and
+    the records as written."""
     d = tmp_path_factory.mktemp("logs")
+    records = decisions()
     with AuditLog(d / "audit.log", max_bytes=1500, backups=20, compress=True) as log:
-        for r in DECISIONS:
+        for r in records:
             log.record(r)
     assert any(p.name.endswith(".gz") for p in d.iterdir())
-    return d
+    return d, records
+
+
+@pytest.fixture
+def logdir(logged: tuple[Path, list[dict[str, Any]]]) -> Path:
+    return logged[0]
 
 
 def run(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
@@ -184,18 +192,18 @@ def test_glob_and_explicit_files(logdir: Path, capsys: pytest.CaptureFixture[str
 
 def test_two_workers_logs_are_merged_by_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with AuditLog(tmp_path / "worker-0.log") as a, AuditLog(tmp_path / "worker-1.log") as b:
-        for i, r in enumerate(DECISIONS):
+        for i, r in enumerate(decisions()):
             (a if i % 2 else b).record(r)
     assert uids(capsys, str(tmp_path)) == ids(*range(12))
 
 
 def test_stale_rotation_leftovers_are_not_read_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # A kill between writing audit.log.1.gz and removing audit.log.1 leaves both; plus a half-written .tmp.
-    plain = b"".join(orjson.dumps(r) + b"\n" for r in DECISIONS[:6])
+    plain = b"".join(orjson.dumps(r) + b"\n" for r in decisions()[:6])
     (tmp_path / "audit.log.1").write_bytes(plain)
     (tmp_path / "audit.log.1.gz").write_bytes(gzip.compress(plain))
     (tmp_path / "audit.log.2.gz.tmp").write_bytes(gzip.compress(plain)[:20])
-    (tmp_path / "audit.log").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in DECISIONS[6:]))
+    (tmp_path / "audit.log").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in decisions()[6:]))
     assert uids(capsys, str(tmp_path)) == ids(*range(12))
 
 
@@ -204,9 +212,9 @@ def test_kubectl_logs_on_stdin_with_noise_is_filtered_and_counted() -> None:
         "INFO:     Started server process [1]",
         'INFO:     10.0.0.1:51234 - "POST /validate?timeout=10s HTTP/1.1" 200 OK',
         '{"level":"info","time":"2026-11-30T08:00:00Z","msg":"policy reloaded"}',  # JSON, not an audit record
-        *(f"[pod/gpu-admission-7d9f/webhook] {orjson.dumps(r).decode()}" for r in DECISIONS[:3]),
-        *(f"2026-11-30T08:00:00.000000000Z {orjson.dumps(r).decode()}" for r in DECISIONS[3:5]),
-        orjson.dumps(DECISIONS[5]).decode()[:40],  # a line cut short
+        *(f"[pod/gpu-admission-7d9f/webhook] {orjson.dumps(r).decode()}" for r in decisions()[:3]),
+        *(f"2026-11-30T08:00:00.000000000Z {orjson.dumps(r).decode()}" for r in decisions()[3:5]),
+        orjson.dumps(decisions()[5]).decode()[:40],  # a line cut short
         "",
     ]
     result = run("-", "-o", "json", stdin="\n".join(lines).encode())
@@ -226,7 +234,7 @@ def test_piped_stdin_is_the_default_and_may_be_gzip(logdir: Path) -> None:
 def test_malformed_lines_in_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "mixed.log"
     with AuditLog(path) as log:
-        log.record(DECISIONS[0])
+        log.record(decisions()[0])
     with path.open("ab") as f:
         f.write(b'not json at all\n{"uid": "x", "verdict": "maybe", "time": "2026-11-30T08:00:00Z"}\n')
         f.write(b'{"uid": "y", "verdict": "allow", "time": "yesterday"}\n[1, 2]\n\xff\xfe\n')
@@ -262,9 +270,12 @@ def test_filters(logdir: Path, capsys: pytest.CaptureFixture[str], args: list[st
     assert uids(capsys, str(logdir), *args) == ids(*expected)
 
 
-def test_json_output_is_the_records_unchanged(logdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_output_is_the_records_unchanged(
+    logged: tuple[Path, list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    logdir, records = logged
     assert main(["audit", str(logdir), "-o", "json"]) == 0
-    assert orjson.loads(capsys.readouterr().out) == DECISIONS
+    assert orjson.loads(capsys.readouterr().out) == records
 
 
 def test_no_match_is_exit_0_with_a_line(logdir: Path) -> None:
@@ -295,7 +306,7 @@ def test_table_fits_120_columns_and_truncates(tmp_path: Path) -> None:
         ],
     )
     with AuditLog(tmp_path / "audit.log") as log:
-        for r in [*DECISIONS, long]:
+        for r in [*decisions(), long]:
             log.record(r)
     result = run(str(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -410,7 +421,7 @@ def test_missing_file_is_one_line_exit_2(tmp_path: Path) -> None:
 
 def test_unreadable_and_corrupt_inputs_exit_2(tmp_path: Path) -> None:
     corrupt = tmp_path / "audit.log.1.gz"
-    corrupt.write_bytes(gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in DECISIONS))[:-30])
+    corrupt.write_bytes(gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in decisions()))[:-30])
     for args, message in [
         ([str(corrupt)], "cannot read"),
         ([str(tmp_path / "*.nothing")], "no files match"),
