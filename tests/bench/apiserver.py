@@ -103,18 +103,9 @@ def admission_metrics(cp: ControlPlane) -> dict[str, tuple[float, float]]:
 
 def _probe_mutated(cp: ControlPlane) -> bool:
     """Would a GPU training pod be mutated by our webhook right now (dry run)?"""
-    probe = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "bench-probe",
-            "namespace": "default",
-            "labels": {"gpu-admission.io/job": "probe", "gpu-admission.io/workload": "training"},
-            "annotations": {"gpu-admission.io/job-gpus": "16"},
-        },
-        "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
-    }
-    r = cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=probe, check=False)
+    from tests.e2e.webhook import probe_mutation
+
+    r = probe_mutation(cp)
     return r.returncode == 0 and "podAffinity" in r.stdout
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,25 @@ def local_configs(rendered: list[dict[str, Any]], base_url: str, ca_pem: bytes) 
             wh["clientConfig"] = {"url": base_url + path, "caBundle": ca_b64}
         out.append(doc)
     return out
+
+
+# A 16-GPU training job's pod: our webhook, when registered, adds a same-rack podAffinity to it.
+PROBE_POD: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "probe",
+        "namespace": "default",
+        "labels": {"gpu-admission.io/job": "probe", "gpu-admission.io/workload": "training"},
+        "annotations": {"gpu-admission.io/job-gpus": "16"},
+    },
+    "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+}
+
+
+def probe_mutation(cp: ControlPlane) -> subprocess.CompletedProcess[str]:
+    """A server-side dry-run create of PROBE_POD (mutated by our webhook iff it is in effect)."""
+    return cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=PROBE_POD, check=False)
 
 
 class Webhook:
@@ -90,23 +110,10 @@ class Webhook:
 
     def wait_effective(self, timeout: float = 30.0) -> None:
         """The API server picks configurations up asynchronously: dry-run a GPU pod until it is mutated."""
-        probe = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "probe",
-                "namespace": "default",
-                "labels": {"gpu-admission.io/job": "probe", "gpu-admission.io/workload": "training"},
-                "annotations": {"gpu-admission.io/job-gpus": "16"},
-            },
-            "spec": {
-                "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]
-            },
-        }
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
-            r = self.cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=probe, check=False)
+            r = probe_mutation(self.cp)
             if r.returncode == 0 and "podAffinity" in r.stdout:
                 return
             last = r.stderr or r.stdout[-300:]
