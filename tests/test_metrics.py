@@ -50,3 +50,17 @@ def test_label_values_are_escaped() -> None:
     m = Metrics()
     m.inc("gpu_admission_rule_results_total", (("rule", 'a"b\\c'), ("outcome", "deny")))
     assert 'gpu_admission_rule_results_total{rule="a\\"b\\\\c",outcome="deny"} 1' in m.render()
+
+
+def test_every_total_is_a_counter_and_typed_once() -> None:
+    """Prometheus naming: a `_total` series is a counter, including counts read at scrape time."""
+    m = Metrics()
+    m.inc("gpu_admission_requests_total", (("webhook", "admit"), ("verdict", "allow")))
+    m.gauge("gpu_admission_policy_reload_failures_total", "rejected edits", lambda: [((), 2.0)], kind="counter")
+    m.gauge("gpu_admission_inflight", "in flight", lambda: [((), 0.0)])
+    types = dict(line.split()[2:4] for line in m.render().splitlines() if line.startswith("# TYPE"))
+    assert types == {
+        "gpu_admission_requests_total": "counter",
+        "gpu_admission_policy_reload_failures_total": "counter",
+        "gpu_admission_inflight": "gauge",
+    }

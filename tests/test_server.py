@@ -219,6 +219,7 @@ def test_huge_body_is_413(client: httpx.Client) -> None:
 
 
 def test_health_ready_metrics_version(client: httpx.Client) -> None:
+    check_envelope(post(client, "/mutate", review(CPU_POD, uid="h1")), "h1")  # counted, whatever ran before
     assert client.get("/healthz").status_code == 200
     ready = client.get("/readyz")
     assert ready.status_code == 200
@@ -231,6 +232,8 @@ def test_health_ready_metrics_version(client: httpx.Client) -> None:
     assert "gpu_admission_request_duration_seconds_bucket" in text
     assert "gpu_admission_cert_expiry_timestamp_seconds" in text
     assert 'gpu_admission_policy_info{hash="sha256:' in text
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE"))
+    assert all(kind == "counter" for name, kind in types.items() if name.endswith("_total")), types
     assert client.get("/version").json()["policyHash"] == details["policy"]["hash"]
 
 

@@ -452,6 +452,7 @@ def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) ->
         "gpu_admission_policy_reload_failures_total",
         "Policy edits rejected (the last good policy kept serving)",
         lambda: [((), float(state.status.reload_failures))],
+        kind="counter",
     )
     m.gauge(
         "gpu_admission_gpu_nodes",

@@ -55,8 +55,15 @@ class Metrics:
             counts[bisect.bisect_left(BUCKETS, seconds)] += 1
             self._hist_sum[labels] = self._hist_sum.get(labels, 0.0) + seconds
 
-    def gauge(self, name: str, text: str, fn: Callable[[], list[tuple[tuple[tuple[str, str], ...], float]]]) -> None:
-        self._help[name] = ("gauge", text)
+    def gauge(
+        self,
+        name: str,
+        text: str,
+        fn: Callable[[], list[tuple[tuple[tuple[str, str], ...], float]]],
+        kind: str = "gauge",
+    ) -> None:
+        """A value read at scrape time; `kind="counter"` for a count kept elsewhere that only grows."""
+        self._help[name] = (kind, text)
         self._gauges[name] = fn
 
     def render(self) -> str:
