@@ -35,6 +35,7 @@ COPY pyproject.toml ./
 COPY webhook ./webhook
 COPY policies ./policies
 COPY certs ./certs
+COPY cluster ./cluster
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/wheels . \
  && pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
  && pip uninstall --yes pip setuptools \

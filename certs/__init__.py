@@ -10,7 +10,7 @@ Modules, one idea each:
 | `certs.rotation` | `init_dir()` and `rotate()`: leaf renewal, CA rollover with old+new CA in the bundle |
 | `certs.status` | SANs, expiry, chain verification against the bundle (for `certs show` and `/readyz`) |
 | `certs.tlsconfig` | a TLS 1.2+ server `SSLContext` from a verified pair |
-| `certs.publish` | caBundle injection, the `kubernetes.io/tls` Secret (through `webhook.kubeclient`) |
+| `certs.publish` | caBundle injection, the `kubernetes.io/tls` Secret (through `cluster.kubeclient`) |
 | `certs.cli` | `gpu-admission certs init / rotate / inject / secret / show` |
 
 Only `certs.publish` (and `certs.cli`, lazily, for `inject`/`secret`) imports HTTP code.

@@ -198,7 +198,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from webhook.kubeclient import KubeClient, KubeConfigError
+    from cluster.kubeclient import KubeClient, KubeConfigError
 
     try:
         return KubeClient.from_config(args.kubeconfig, context=args.context)
@@ -213,7 +213,7 @@ def _api_error(exc: object) -> int:
 
 def cmd_inject(args: argparse.Namespace) -> int:
     from certs.publish import inject_ca_bundle, read_bundle_bytes
-    from webhook.kubeclient import KubeError
+    from cluster.kubeclient import KubeError
 
     try:
         bundle = read_bundle_bytes(args.ca_bundle)
@@ -258,7 +258,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
         sys.stdout.write(secret_yaml(secret))
         return 0
     from certs.publish import apply_secret
-    from webhook.kubeclient import KubeError
+    from cluster.kubeclient import KubeError
 
     client = _client(args)
     try:
@@ -276,7 +276,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     from certs.fetch import check_target, fetch_secret_material, write_material
-    from webhook.kubeclient import KubeError
+    from cluster.kubeclient import KubeError
 
     where = f"Secret {args.namespace}/{args.name}"
     try:

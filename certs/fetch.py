@@ -31,7 +31,7 @@ from certs.store import (
     parse_certs,
     write_atomic,
 )
-from webhook.kubeclient import JSON, KubeClient, KubeError
+from cluster.kubeclient import JSON, KubeClient, KubeError
 
 SECRET_TYPE = "kubernetes.io/tls"
 REQUIRED_KEYS: tuple[str, ...] = (TLS_CERT, TLS_KEY, CA_CERT)

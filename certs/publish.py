@@ -2,7 +2,7 @@
 `kubernetes.io/tls` Secret.
 
 The manifests and patches are built by pure functions (`ca_bundle_patch`, `tls_secret`); the functions that
-talk to the API server take a `webhook.kubeclient.KubeClient`. Key material only ever goes into the Secret
+talk to the API server take a `cluster.kubeclient.KubeClient`. Key material only ever goes into the Secret
 body sent to the API server (or to stdout on an explicit `--print`), never into a message.
 """
 
@@ -29,7 +29,7 @@ from certs.store import (
     read_bytes,
     read_cert,
 )
-from webhook.kubeclient import JSON, KubeClient, KubeError
+from cluster.kubeclient import JSON, KubeClient, KubeError
 
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 WEBHOOK_KINDS: tuple[tuple[str, str], ...] = (

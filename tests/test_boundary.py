@@ -81,3 +81,18 @@ def test_the_boundary_test_would_catch_a_violation(tmp_path: Path) -> None:
     sample.write_text("from webhook.app import create_app\nimport httpx\n")
     names = [name for _, name in _imports(sample)]
     assert [n for n in names if n.split(".")[0] in FORBIDDEN] == ["webhook.app", "httpx"]
+
+
+CLUSTER = ROOT / "cluster"
+
+
+def test_cluster_layer_imports_only_downwards() -> None:
+    """cluster/ (client, reflectors, views) sits below the server and the CLIs: it imports neither, nor the
+    decision engine, so one direction of imports holds (webhook, certs -> cluster)."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sorted(CLUSTER.rglob("*.py"))
+        for line, name in _imports(path)
+        if name.split(".")[0] in ("webhook", "certs", "policies", "fastapi", "uvicorn")
+    ]
+    assert not bad, bad

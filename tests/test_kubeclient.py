@@ -30,8 +30,7 @@ from certs.authority import Issued, make_ca
 from certs.keys import generate_key, key_to_pem, signature_hash
 from certs.rotation import init_dir
 from certs.tlsconfig import server_ssl_context
-from webhook.kubecache import Change, Reflector, object_key
-from webhook.kubeclient import (
+from cluster.kubeclient import (
     KubeClient,
     KubeConfig,
     KubeConfigError,
@@ -44,6 +43,7 @@ from webhook.kubeclient import (
     load_kubeconfig,
     query_params,
 )
+from cluster.reflector import Change, Reflector, object_key
 
 # -- a tiny HTTPS API server with canned answers -----------------------------------------------------------
 

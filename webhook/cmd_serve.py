@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"nodes: {exc}") from None
     client = None
     if not args.no_kube and (args.kubeconfig or cm or not args.nodes):
-        from webhook.kubeclient import KubeClient, KubeConfigError
+        from cluster.kubeclient import KubeClient, KubeConfigError
 
         try:
             client = KubeClient.from_config(args.kubeconfig)

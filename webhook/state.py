@@ -135,7 +135,7 @@ class State:
         threading.Thread(target=loop, name="policy-file", daemon=True).start()
 
     def watch_policy_configmap(self, client: Any, namespace: str, name: str) -> Any:
-        from webhook.kubecache import Reflector
+        from cluster.reflector import Reflector
 
         source = f"configmap:{namespace}/{name}"
         self.status.policy_source = source
@@ -164,7 +164,7 @@ class State:
         return refl
 
     def watch_nodes(self, client: Any) -> Any:
-        from webhook.kubecache import Reflector
+        from cluster.reflector import Reflector
 
         def changed(*_: Any) -> None:
             self.set_nodes(list(refl.snapshot().values()), "watch:nodes", synced=refl.synced)
@@ -175,7 +175,7 @@ class State:
         return refl
 
     def watch_namespaces(self, client: Any) -> Any:
-        from webhook.kubecache import Reflector
+        from cluster.reflector import Reflector
 
         self.status.namespaces_synced = False
 
@@ -192,7 +192,7 @@ class State:
         return refl
 
     def watch_targets(self, client: Any) -> None:
-        from webhook.kubecache import Reflector
+        from cluster.reflector import Reflector
 
         for kind, path in TARGET_PATHS.items():
             self._targets[kind] = Reflector(client, path, name=kind.lower() + "s")

@@ -29,6 +29,8 @@ import httpx
 import orjson
 import yaml
 
+from cluster.pem import load_pem_chain
+
 JSON: TypeAlias = dict[str, Any]
 ParamValue: TypeAlias = str | int | bool | None
 
@@ -405,8 +407,6 @@ def ssl_context_for(config: KubeConfig) -> ssl.SSLContext:
         raise KubeConfigError(f"{config.source}: certificate authority unusable ({_one_line(exc)})") from None
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if config.client_cert_pem is not None and config.client_key_pem is not None:
-        from certs.tlsconfig import load_pem_chain
-
         try:
             load_pem_chain(context, config.client_cert_pem, config.client_key_pem)
         except ssl.SSLError as exc:

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from webhook.kubeclient import JSON, KubeClient, KubeError, WatchHandle
+from cluster.kubeclient import JSON, KubeClient, KubeError, WatchHandle
 
-log = logging.getLogger("gpu_admission.kubecache")
+log = logging.getLogger("gpu_admission.reflector")
 
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
 
