@@ -10,16 +10,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies import mig, topology
+from policies import gpulabels, mig, topology
 from policies.document import Policy, Pool
 from policies.resources import GPU, GPU_SHARED, is_gpu_resource, parse_count
 from policies.selectors import NodeSelection, node_selection, selection_filter
 from policies.workloads import Json
 
-SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
-MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
-SHARED_STRATEGIES = ("time-slicing", "mps")
+SHARING_LABEL = gpulabels.SHARING
+PRODUCT_LABEL = gpulabels.PRODUCT
+MIG_STRATEGY_LABEL = gpulabels.MIG_STRATEGY
+SHARED_STRATEGIES = gpulabels.SHARED_STRATEGIES
 _MIB = 2**20
 # Candidates cached per inventory: distinct node selections seen (pods of one job share one), and the
 # longest selection worth keeping (a normal one is a few hundred characters; a huge one is just recomputed).
@@ -51,6 +51,10 @@ class GpuNode:
     offers: tuple[Offer, ...]
     rack: str | None
     pool: str | None
+    # MIG is on for some GPU of the node (gpulabels.partitioned), whatever `mig_strategy` (GFD's naming
+    # scheme, labelled on every GPU node by a default GPU Operator) says.
+    partitioned: bool = False
+    declared: bool = False  # synthesised from a declared pool: no live labels to select it by
 
     @property
     def shared(self) -> bool:
@@ -59,7 +63,7 @@ class GpuNode:
     @property
     def whole_card(self) -> bool:
         """Whole, unshared cards only: not MIG, not time-sliced or MPS (the training-pool definition)."""
-        return not self.shared and self.mig_strategy == "none" and self.whole_gpus > 0
+        return not self.shared and not self.partitioned and self.whole_gpus > 0
 
     def offer(self, resource: str) -> Offer | None:
         for o in self.offers:
@@ -78,6 +82,10 @@ class Inventory:
     max_memory_bytes: int
     warnings: tuple[str, ...]
     max_rack_gpus: int = 0  # whole-card GPUs in the largest rack (0: no rack label)
+    # Node-affinity expressions selecting the whole-card GPU nodes (training-pool) and the unshared ones
+    # (online-exclusive), exact on this inventory.
+    whole_card_expressions: tuple[Json, ...] = gpulabels.BASE_EXPRESSIONS
+    not_shared_expressions: tuple[Json, ...] = gpulabels.BASE_EXPRESSIONS[:1]
     # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
     # changes (a node event builds a new one, which starts empty).
     _candidates: dict[str, tuple[GpuNode, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -169,8 +177,8 @@ def node_from_object(node: Json, pools: Sequence[Pool] = ()) -> GpuNode | None:
     name = meta.get("name") if isinstance(meta, dict) else None
     name = name if isinstance(name, str) else labels.get(topology.HOSTNAME, "")
     product = labels.get(PRODUCT_LABEL, "")
-    info = mig.parse_product(product) if product else None
-    sharing = labels.get(SHARING_LABEL, "")
+    info = mig.parse_product(product) if product else _gke_product(labels)
+    sharing = labels.get(SHARING_LABEL, "") or gpulabels.gke_sharing(labels)
     if sharing not in ("none", *SHARED_STRATEGIES):
         sharing = (
             "time-slicing" if (info and info.shared) or _int_label(labels, "nvidia.com/gpu.replicas", 1) > 1 else "none"
@@ -182,7 +190,17 @@ def node_from_object(node: Json, pools: Sequence[Pool] = ()) -> GpuNode | None:
     if not resources and labels.get("nvidia.com/gpu.present") != "true":
         return None
     pool = next((p.name for p in pools if all(labels.get(k) == v for k, v in p.node_selector.items())), None)
-    return _build(name, labels, product, info, sharing, mig_strategy, resources, pool)
+    parted = gpulabels.partitioned(labels, info.mig_profile if info else None, resources)
+    return _build(name, labels, product, info, sharing, mig_strategy, resources, pool, partitioned=parted)
+
+
+def _gke_product(labels: Mapping[str, str]) -> mig.ProductInfo | None:
+    """GKE nodes carry no GFD product: the accelerator label (and partition size) say the same thing."""
+    gfd = gpulabels.GKE_PRODUCTS.get(labels.get(gpulabels.GKE_ACCELERATOR, ""))
+    if gfd is None:
+        return None
+    partition = labels.get(gpulabels.GKE_PARTITION, "")
+    return mig.parse_product(f"{gfd}-MIG-{partition}" if partition else gfd)
 
 
 def _build(
@@ -194,6 +212,9 @@ def _build(
     mig_strategy: str,
     resources: Mapping[str, int],
     pool: str | None,
+    *,
+    partitioned: bool,
+    declared: bool = False,
 ) -> GpuNode:
     # Same nominal reading for whole cards: an H100 80GB reports 81559 MiB but is "the 80 GiB GPU".
     gpu_mem = _int_label(labels, "nvidia.com/gpu.memory") * _MIB
@@ -231,6 +252,8 @@ def _build(
         offers=tuple(offers),
         rack=None,
         pool=pool,
+        partitioned=partitioned,
+        declared=declared,
     )
 
 
@@ -252,6 +275,8 @@ def _pool_nodes(pool: Pool, rack_key: str) -> list[GpuNode]:
         resources[GPU] = pool.gpus_per_node * (pool.replicas if pool.sharing != "none" else 1)
     if not labels.get("nvidia.com/gpu.memory") and info and info.model:
         labels["nvidia.com/gpu.memory"] = str(mig.memory_bytes(info.model) // _MIB)
+    # A declared pool's migStrategy describes its layout (MIG on), not GFD's naming scheme.
+    parted = pool.mig_strategy != "none"
     return [
         _build(
             f"{pool.name}-{i}",
@@ -262,6 +287,8 @@ def _pool_nodes(pool: Pool, rack_key: str) -> list[GpuNode]:
             pool.mig_strategy,
             resources,
             pool.name,
+            partitioned=parted,
+            declared=True,
         )
         for i in range(pool.nodes)
     ]
@@ -293,6 +320,16 @@ def build(nodes: Iterable[Any], policy: Policy) -> Inventory:
     final = tuple(
         GpuNode(**{**n.__dict__, "rack": n.labels.get(rack_label) if rack_label else None}) for n in gpu_nodes
     )
+    live = [n for n in final if not n.declared]
+    exprs, problems = gpulabels.whole_card_expressions(
+        [n.labels for n in live if n.whole_card],
+        [n.labels for n in live if not n.whole_card and n.offer(GPU)],
+    )
+    unshared, shared_problems = gpulabels.not_shared_expressions(
+        [n.labels for n in live if not n.shared and n.offer(GPU)],
+        [n.labels for n in live if n.shared and n.offer(GPU)],
+    )
+    warnings.extend(problems + shared_problems)
     return Inventory(
         nodes=final,
         rack_label=rack_label,
@@ -302,6 +339,8 @@ def build(nodes: Iterable[Any], policy: Policy) -> Inventory:
         max_memory_bytes=max((o.memory_bytes for n in final for o in n.offers), default=0),
         warnings=tuple(warnings),
         max_rack_gpus=_largest_rack(final),
+        whole_card_expressions=exprs,
+        not_shared_expressions=unshared,
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies.inventory import SHARED_STRATEGIES, GpuNode, Offer
+from policies.inventory import GpuNode, Offer
 from policies.patch import clone
 from policies.resources import GPU
 from policies.subject import (
@@ -29,15 +29,6 @@ from policies.workloads import Json, containers
 
 MutationFn = Callable[[Subject, Pod], bool]
 
-WHOLE_CARD_EXPRESSIONS: tuple[Json, ...] = (
-    {"key": "nvidia.com/mig.strategy", "operator": "DoesNotExist"},
-    {"key": "nvidia.com/gpu.sharing-strategy", "operator": "NotIn", "values": sorted(SHARED_STRATEGIES)},
-)
-NOT_SHARED_EXPRESSION: Json = {
-    "key": "nvidia.com/gpu.sharing-strategy",
-    "operator": "NotIn",
-    "values": sorted(SHARED_STRATEGIES),
-}
 # Labels controllers add per pod or per revision: never part of a replica-set-wide spread selector.
 _PER_POD_LABELS = frozenset(
     {
@@ -208,7 +199,7 @@ def training_pool(s: Subject, p: Pod) -> bool:
     if pool is not None:
         exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(pool.node_selector.items())]
         return add_node_expressions(p.pod, exprs)
-    return add_node_expressions(p.pod, WHOLE_CARD_EXPRESSIONS)
+    return add_node_expressions(p.pod, s.inventory.whole_card_expressions)
 
 
 def online_exclusive(s: Subject, p: Pod) -> bool:
@@ -219,7 +210,7 @@ def online_exclusive(s: Subject, p: Pod) -> bool:
     cands = p.candidates(s.inventory)
     if cands and all(n.shared for n in cands if n.offer(GPU)) and any(n.offer(GPU) for n in cands):
         return False  # pinned to shared nodes on purpose: online-no-timeslice explains, we don't strand it
-    return add_node_expressions(p.pod, [NOT_SHARED_EXPRESSION])
+    return add_node_expressions(p.pod, s.inventory.not_shared_expressions)
 
 
 def training_rack(s: Subject, p: Pod) -> bool:

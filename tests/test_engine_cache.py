@@ -22,13 +22,20 @@ from hypothesis import strategies as st
 
 from policies import inventory as inventory_mod
 from policies.engine import ReviewContext, review
-from policies.mutations import MUTATIONS, WHOLE_CARD_EXPRESSIONS, _rack_constraint, has_rack_constraint
+from policies.gpulabels import BASE_EXPRESSIONS
+from policies.mutations import MUTATIONS, _rack_constraint, has_rack_constraint
 from policies.resources import pod_ask
 from policies.selectors import node_filter
 from policies.subject import EVERYTHING, Subject, _derive_job, build
 from policies.workloads import TEMPLATE_KINDS, effective_kind
 from tests import test_golden as golden
 from tests.test_properties import FULL, INVENTORY, POLICY, SETTINGS, wire, workloads
+
+# What training-pool selects on the example cluster: the GFD base plus its one mixed-strategy MIG node.
+WHOLE_CARD_EXPRESSIONS = (
+    *BASE_EXPRESSIONS,
+    {"key": "nvidia.com/mig.strategy", "operator": "NotIn", "values": ["mixed"]},
+)
 
 RACK = "topology.kubernetes.io/rack"
 

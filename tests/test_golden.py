@@ -26,7 +26,7 @@ from policies.engine import WARNING_LIMIT, Review, ReviewContext, review
 ROOT = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).resolve().parent / "cases"
 DEFAULT_NODES = "examples/cluster/nodes.yaml"
-FOLDERS = ("mutations", "rules", "kinds", "bad-input", "namespaces", "elasticity")
+FOLDERS = ("mutations", "rules", "kinds", "bad-input", "namespaces", "elasticity", "clusters")
 
 CASE_KEYS = frozenset({"description", "nodes", "policy", "namespaceLabels", "related", "input", "expect", "xfail"})
 EXPECT_KEYS = frozenset(

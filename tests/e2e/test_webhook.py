@@ -97,7 +97,7 @@ def test_training_job_lands_in_one_rack_and_without_the_webhook_it_does_not(
     assert req[0]["topologyKey"] == RACK
     assert req[0]["labelSelector"]["matchLabels"] == {"training.kubeflow.org/job-name": "llama"}
     node_terms = stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert {"key": "nvidia.com/mig.strategy", "operator": "DoesNotExist"} in node_terms["nodeSelectorTerms"][0][
+    assert {"key": "nvidia.com/gpu.slices.gi", "operator": "DoesNotExist"} in node_terms["nodeSelectorTerms"][0][
         "matchExpressions"
     ]
     after = racks_of(cp, namespace, [f"llama-worker-{i}" for i in range(4)])

@@ -89,7 +89,7 @@ def _limits(spec: Json) -> list[dict[str, str]]:
 def training_pool(obj: Json, spec: Json) -> bool:
     terms = _node_terms(spec)
     return bool(terms) and all(
-        {"key": "nvidia.com/mig.strategy", "operator": "DoesNotExist"} in (t.get("matchExpressions") or [])
+        {"key": "nvidia.com/gpu.slices.gi", "operator": "DoesNotExist"} in (t.get("matchExpressions") or [])
         and any(
             e.get("key") == "nvidia.com/gpu.sharing-strategy"
             and e.get("operator") == "NotIn"
