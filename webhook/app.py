@@ -25,6 +25,7 @@ from policies.engine import Review, ReviewContext, review
 from webhook import admission
 from webhook.metrics import Metrics
 from webhook.state import POLICY_KEY, State
+from webhook.transport import AHEAD_KEY
 
 log = logging.getLogger("gpu-admission.server")
 
@@ -100,7 +101,7 @@ def fast_path(app: FastAPI) -> Any:
                 for part in scope.get("query_string", b"").decode("latin-1").split("&"):
                     if part.startswith("timeout="):
                         timeout = part[len("timeout=") :]
-                status, payload = await review_bytes(b"".join(chunks), webhook, timeout)
+                status, payload = await review_bytes(b"".join(chunks), webhook, timeout, scope.get(AHEAD_KEY))
         headers = [*_JSON_HEADERS, (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
@@ -179,7 +180,9 @@ def create_app(
     app.state.metrics = m
     app.state.gpu_state = state
 
-    async def review_bytes(body: bytes, webhook: str, timeout_raw: str | None) -> tuple[int, bytes]:
+    async def review_bytes(
+        body: bytes, webhook: str, timeout_raw: str | None, ahead: int | None = None
+    ) -> tuple[int, bytes]:
         """One admission review, from the raw body to (HTTP status, JSON body): the whole web layer."""
         started = time.perf_counter()
         if len(body) > cfg.max_body:
@@ -191,7 +194,12 @@ def create_app(
             m.inc("gpu_admission_bad_requests_total", (("reason", "malformed"),))
             log.warning("bad admission request", extra={"webhook": webhook, "error": str(exc)})
             return 400, _error_body(str(exc))
-        pending = max(cfg.inflight, cfg.backlog() if cfg.backlog is not None else 0)
+        # `ahead`: requests pending when this one arrived (stamped by webhook/transport.py), so a burst over the
+        # limit serves its head and sheds its tail. Unstamped (another HTTP protocol): everything pending now.
+        if ahead is None:
+            pending = max(cfg.inflight, cfg.backlog() if cfg.backlog is not None else 0)
+        else:
+            pending = max(cfg.inflight, ahead) + 1
         if pending > cfg.max_inflight:
             # Shed at once rather than answer after the API server gave up: it applies failurePolicy now.
             m.inc("gpu_admission_bad_requests_total", (("reason", "overloaded"),))

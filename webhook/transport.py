@@ -131,6 +131,9 @@ class CoalescingTransport(asyncio.Transport):
         return self._transport.get_write_buffer_size() + self._held_bytes
 
 
+AHEAD_KEY = "gpu_admission.ahead"
+
+
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through a `CoalescingTransport`: one write per response."""
 
@@ -142,6 +145,13 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         if isinstance(self.transport, CoalescingTransport):
             self.transport.discard()
         super().connection_lost(exc)
+
+    def on_headers_complete(self) -> None:
+        # The backlog this request joins, stamped at arrival (webhook/app.py sheds FIFO on it): counted when
+        # the request's task is made, all of a burst's tasks exist before the first one runs.
+        ahead = len(self.server_state.tasks)
+        super().on_headers_complete()
+        self.scope[AHEAD_KEY] = ahead  # type: ignore[literal-required]
 
     def on_response_complete(self) -> None:
         if isinstance(self.transport, CoalescingTransport):
