@@ -2,9 +2,11 @@
 
 Configuration comes from a kubeconfig file (its current context, or a named one) or from inside a cluster
 (the service-account token, CA and `KUBERNETES_SERVICE_HOST`/`_PORT`). Supported credentials: bearer token
-(`token`, `tokenFile`), client certificate (`client-certificate[-data]` + `client-key[-data]`) and basic
-auth; exec and auth-provider plugins are refused with a clear error. A token read from a file (in-cluster,
-or `tokenFile`) is re-read every minute, and at once after a 401, because projected tokens rotate.
+(`token`, `tokenFile`), client certificate (`client-certificate[-data]` + `client-key[-data]`), basic auth,
+and `exec` credential plugins (cluster/execcred.py: the plugin runs when the client is made, again when its
+credential expires or after a 401); legacy auth-provider plugins are refused with a clear error. A token
+read from a file (in-cluster, or `tokenFile`) is re-read every minute, and at once after a 401, because
+projected tokens rotate.
 
 Every API failure raises `KubeError(status, reason, message)` with the API server's `Status` message;
 transport failures use status 0. Configuration problems raise `KubeConfigError`, one line naming the file.
@@ -23,12 +25,13 @@ import time
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import httpx
 import orjson
 import yaml
 
+from cluster.execcred import Credential, ExecCredentials, ExecPlugin, ExecPluginError, parse_exec
 from cluster.pem import load_pem_chain
 
 JSON: TypeAlias = dict[str, Any]
@@ -127,6 +130,7 @@ class KubeConfig:
     namespace: str = "default"
     proxy_url: str | None = None
     source: str = ""
+    exec_plugin: ExecPlugin | None = None
 
 
 def default_kubeconfig_paths(environ: Mapping[str, str] | None = None) -> list[Path]:
@@ -269,6 +273,7 @@ def load_kubeconfig(
 
     token: str | None = None
     token_file: Path | None = None
+    exec_plugin: ExecPlugin | None = None
     cert_pem: bytes | None = None
     key_pem: bytes | None = None
     username: str | None = None
@@ -277,16 +282,16 @@ def load_kubeconfig(
         if not isinstance(user_name, str) or user_name not in users:
             raise KubeConfigError(f"kubeconfig {label}: user {user_name!r} of context {name!r} not found")
         user = users[user_name]
+        provider = user.body.get("auth-provider")
+        if provider:
+            kind = provider.get("name") if isinstance(provider, dict) else None
+            raise KubeConfigError(
+                f"kubeconfig {user.origin}: user {user_name!r} uses the legacy auth-provider {kind!r}, which "
+                "Kubernetes removed: switch the user to its exec plugin (gke-gcloud-auth-plugin, kubelogin, "
+                "aws eks get-token)"
+            )
         if user.body.get("exec"):
-            raise KubeConfigError(
-                f"kubeconfig {user.origin}: user {user_name!r} uses an exec credential plugin, which is not "
-                "supported: use a token or a client certificate"
-            )
-        if user.body.get("auth-provider"):
-            raise KubeConfigError(
-                f"kubeconfig {user.origin}: user {user_name!r} uses an auth-provider plugin, which is not "
-                "supported: use a token or a client certificate"
-            )
+            exec_plugin = _exec_plugin(user, user_name, cluster, ca_pem)
         if user.body.get("token"):
             token = str(user.body["token"]).strip()
         elif user.body.get("tokenFile"):
@@ -323,7 +328,30 @@ def load_kubeconfig(
         namespace=namespace if isinstance(namespace, str) and namespace else "default",
         proxy_url=proxy if isinstance(proxy, str) and proxy else None,
         source=f"kubeconfig {label} (context {name})",
+        exec_plugin=exec_plugin,
     )
+
+
+def _exec_plugin(user: _Named, user_name: str, cluster: _Named, ca_pem: bytes | None) -> ExecPlugin:
+    others = [
+        key
+        for key in ("token", "tokenFile", "username", "client-certificate", "client-certificate-data")
+        if user.body.get(key)
+    ]
+    if others:
+        raise KubeConfigError(
+            f"kubeconfig {user.origin}: user {user_name!r} sets both exec and {others[0]}: keep one of them"
+        )
+    try:
+        return parse_exec(
+            user.body["exec"],
+            where=f"kubeconfig {user.origin}: user {user_name!r}",
+            base=user.base,
+            cluster=cluster.body,
+            ca_pem=ca_pem,
+        )
+    except ExecPluginError as exc:
+        raise KubeConfigError(str(exc)) from None
 
 
 def _read_token(path: Path, what: str) -> str:
@@ -416,8 +444,13 @@ def ssl_context_for(config: KubeConfig) -> ssl.SSLContext:
     return context
 
 
-class _BearerAuth(httpx.Auth):
-    """Bearer token; when it comes from a file, re-read it periodically and right after a 401."""
+class _TokenSource(Protocol):
+    def token(self, *, rejected: str | None = None) -> str | None:
+        """The token to send; `rejected` is one the API server just answered 401 to (get a new one)."""
+
+
+class _FileToken:
+    """A fixed token, or one read from a file: re-read periodically and right after a 401."""
 
     def __init__(self, token: str | None, token_file: Path | None, refresh: float) -> None:
         self._token = token
@@ -426,11 +459,11 @@ class _BearerAuth(httpx.Auth):
         self._read_at = time.monotonic()
         self._lock = threading.Lock()
 
-    def current(self, *, force: bool = False) -> str | None:
+    def token(self, *, rejected: str | None = None) -> str | None:
         if self._file is None:
             return self._token
         with self._lock:
-            if force or time.monotonic() - self._read_at >= self._refresh:
+            if rejected is not None or time.monotonic() - self._read_at >= self._refresh:
                 try:
                     fresh = self._file.read_text(encoding="utf-8").strip()
                 except (OSError, UnicodeDecodeError):
@@ -440,13 +473,44 @@ class _BearerAuth(httpx.Auth):
                 self._read_at = time.monotonic()
             return self._token
 
+
+class _ExecToken:
+    """The credential of an exec plugin. A client certificate it returns is loaded into the client's TLS
+    context (new connections present it; a renewed one replaces it)."""
+
+    def __init__(self, credentials: ExecCredentials, tls: ssl.SSLContext) -> None:
+        self._credentials = credentials
+        self._tls = tls
+        self._cert: bytes | None = None
+
+    def credential(self, rejected: str | None = None) -> Credential:
+        credential = self._credentials.get(rejected_token=rejected)
+        if credential.client_cert_pem is not None and credential.client_cert_pem != self._cert:
+            assert credential.client_key_pem is not None  # parse_credential requires both
+            load_pem_chain(self._tls, credential.client_cert_pem, credential.client_key_pem)
+            self._cert = credential.client_cert_pem
+        return credential
+
+    def token(self, *, rejected: str | None = None) -> str | None:
+        try:
+            return self.credential(rejected).token
+        except (ExecPluginError, ssl.SSLError) as exc:
+            raise KubeError(0, "ExecCredentialFailed", _one_line(exc)) from None
+
+
+class _BearerAuth(httpx.Auth):
+    """`Authorization: Bearer` from a token source; after a 401, asks the source again and retries once."""
+
+    def __init__(self, source: _TokenSource) -> None:
+        self._source = source
+
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        token = self.current()
+        token = self._source.token()
         if token:
             request.headers["Authorization"] = f"Bearer {token}"
         response = yield request
-        if response.status_code == 401 and self._file is not None:
-            fresh = self.current(force=True)
+        if response.status_code == 401 and token:
+            fresh = self._source.token(rejected=token)
             if fresh and fresh != token:
                 request.headers["Authorization"] = f"Bearer {fresh}"
                 yield request
@@ -570,14 +634,26 @@ class KubeClient:
     ) -> None:
         self._config = config
         self._timeout = timeout
+        tls = ssl_context_for(config)
         auth: httpx.Auth | None = None
-        if config.token or config.token_file:
-            auth = _BearerAuth(config.token, config.token_file, token_refresh)
+        if config.exec_plugin is not None:
+            source = _ExecToken(ExecCredentials(config.exec_plugin), tls)
+            try:  # now, so that a missing or failing plugin is a configuration error, not a later request's
+                source.credential()
+            except ExecPluginError as exc:
+                raise KubeConfigError(str(exc)) from None
+            except ssl.SSLError as exc:
+                raise KubeConfigError(
+                    f"{config.source}: client certificate from the exec plugin unusable ({exc.reason or 'bad PEM'})"
+                ) from None
+            auth = _BearerAuth(source)
+        elif config.token or config.token_file:
+            auth = _BearerAuth(_FileToken(config.token, config.token_file, token_refresh))
         elif config.username is not None:
             auth = httpx.BasicAuth(config.username, config.password or "")
         self._http = httpx.Client(
             base_url=config.server,
-            verify=ssl_context_for(config),
+            verify=tls,
             auth=auth,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             headers={"Accept": "application/json", "User-Agent": user_agent},

@@ -411,12 +411,26 @@ def test_kubeconfig_errors_are_one_line(made: Path, tmp_path: Path) -> None:
                 "current-context": "x",
                 "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
                 "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-                "users": [{"name": "u", "user": {"exec": {"command": "aws"}}}],
+                "users": [
+                    {
+                        "name": "u",
+                        "user": {
+                            "exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1",
+                                "command": "gpu-admission-test-no-such-plugin",
+                                "interactiveMode": "Never",
+                                "installHint": "install the plugin",
+                            }
+                        },
+                    }
+                ],
             }
         )
     )
     proc = run("inject", "--ca-bundle", str(made / CA_BUNDLE), "--webhook-name", "w", "--kubeconfig", str(bad))
-    assert "exec credential plugin" in assert_one_line_error(proc)
+    assert "exec plugin 'gpu-admission-test-no-such-plugin' not found (install the plugin)" in assert_one_line_error(
+        proc
+    )
     proc = run(
         "inject", "--ca-bundle", str(made / CA_BUNDLE), "--webhook-name", "w", "--kubeconfig", str(tmp_path / "none")
     )

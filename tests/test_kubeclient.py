@@ -297,8 +297,8 @@ def test_kubeconfig_merge_like_kubectl(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("user", "cluster", "top", "message"),
     [
-        ({"exec": {"command": "aws"}}, None, {}, "exec credential plugin"),
-        ({"auth-provider": {"name": "gcp"}}, None, {}, "auth-provider"),
+        ({"exec": {"command": "aws"}}, None, {}, "exec apiVersion None is not supported"),
+        ({"auth-provider": {"name": "gcp"}}, None, {}, "legacy auth-provider 'gcp'"),
         ({"token": "x"}, None, {"current-context": "nope"}, "context 'nope' not found"),
         ({"token": "x"}, {"server": "ftp://x"}, {}, "no https:// server"),
         ({"token": "x"}, {"server": "https://x", "certificate-authority-data": "!!!"}, {}, "not valid base64"),
@@ -500,21 +500,26 @@ def test_list_all_follows_continue_and_recovers_from_expired_token(api: KubeTest
     assert api.requests[-1].query == {"limit": "1", "continue": "c2", "labelSelector": "gpu=true"}
 
 
-def test_client_certificate_from_kubeconfig_data(tls_dir: Path, tmp_path: Path) -> None:
-    client_ca = make_ca()
+def issue_client_cert(ca: Issued, common_name: str) -> Issued:
+    """A client-auth certificate signed by `ca` (for servers that require client certificates)."""
     key = generate_key()
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpu-admission-tester")]))
-        .issuer_name(client_ca.cert.subject)
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(datetime.now(UTC) - timedelta(minutes=5))
         .not_valid_after(datetime.now(UTC) + timedelta(days=1))
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(client_ca.key, signature_hash(client_ca.key))
+        .sign(ca.key, signature_hash(ca.key))
     )
-    client_pair = Issued(cert=cert, key=key)
+    return Issued(cert=cert, key=key)
+
+
+def test_client_certificate_from_kubeconfig_data(tls_dir: Path, tmp_path: Path) -> None:
+    client_ca = make_ca()
+    client_pair = issue_client_cert(client_ca, "gpu-admission-tester")
     with KubeTestServer(tls_dir, client_ca=client_ca.cert) as server:
         server.route(lambda r: Reply(200, {"kind": "Status", "who": r.peer_cn}))
         path = _kubeconfig(
