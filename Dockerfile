@@ -2,6 +2,7 @@
 #
 # gpu-admission container image.
 #   docker build -t gpu-admission:0.1.0 .
+#   buildah bud --isolation chroot --build-arg BASE_IMAGE=<any Python >= 3.11 image> -t gpu-admission .
 #
 # Two stages on the same base image (the venv's interpreter symlinks point into it, so both stages must use
 # the identical tag): the builder installs the pinned dependencies (requirements.lock) and the project
@@ -9,11 +10,16 @@
 # The tag pins Python 3.11 and the Debian release (trixie); for byte-for-byte reproducible production
 # builds add the digest as well: python:3.11-slim-trixie@sha256:<digest>.
 #
+# BASE_IMAGE: any image with `python` (>= 3.11, with the venv module) on PATH. The tests build on a Debian
+# bookworm root filesystem made by mmdebstrap (scripts/image/build.sh), where pip is not installed at all.
+#
 # No HEALTHCHECK: Kubernetes ignores it (the kubelet runs the Deployment's startup/liveness/readiness
 # probes on /healthz and /readyz), and the server speaks TLS only, so a Docker-level check would need an
 # HTTPS client that skips certificate verification inside the image.
 
-FROM python:3.11-slim-trixie AS builder
+ARG BASE_IMAGE=python:3.11-slim-trixie
+
+FROM ${BASE_IMAGE} AS builder
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -41,7 +47,7 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/wheels . \
  && pip uninstall --yes pip setuptools \
  && rm -rf /tmp/wheels
 
-FROM python:3.11-slim-trixie
+FROM ${BASE_IMAGE}
 
 LABEL org.opencontainers.image.title="gpu-admission" \
       org.opencontainers.image.description="Kubernetes admission webhook and policy enforcer for GPU/AI workloads" \
@@ -51,8 +57,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH
 
-# The base image's own installers are not needed at run time.
-RUN python -m pip uninstall --yes pip setuptools wheel
+# The base image's own installers are not needed at run time (a base without pip has none to remove).
+RUN if python -c 'import pip' 2>/dev/null; then python -m pip uninstall --yes pip setuptools wheel; fi
 
 COPY --from=builder /opt/venv /opt/venv
 

@@ -1385,16 +1385,30 @@ def stages(instructions: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
     return result
 
 
+def stage_images(instructions: list[tuple[str, str]]) -> list[str]:
+    """The base image of each stage, with the global ARGs (those before the first FROM) at their defaults:
+    what `docker build` uses when no --build-arg is given."""
+    defaults: dict[str, str] = {}
+    for word, args in instructions:
+        if word == "FROM":
+            break
+        if word == "ARG" and "=" in args:
+            name, _, value = args.partition("=")
+            defaults[name.strip()] = value.strip()
+
+    def resolve(image: str) -> str:
+        return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: defaults.get(m[1] or m[2], m[0]), image)
+
+    return [resolve(stage[0][1].split()[0]) for stage in stages(instructions)]
+
+
 def dockerfile_lint(text: str) -> list[str]:
     problems: list[str] = []
     ins = dockerfile_instructions(text)
     st = stages(ins)
     if len(st) < 2:
         return ["not a multi-stage build"]
-    images = []
-    for stage in st:
-        image = stage[0][1].split()[0]
-        images.append(image)
+    for image in stage_images(ins):
         if image.lower() == "scratch":
             continue
         reference = image.partition("@")[0]
@@ -1458,7 +1472,7 @@ def test_dockerfile_lint_catches_mistakes() -> None:
 def test_dockerfile_matches_the_deployment() -> None:
     ins = dockerfile_instructions(DOCKERFILE.read_text(encoding="utf-8"))
     final = stages(ins)[-1]
-    images = {stage[0][1].split()[0] for stage in stages(ins)}
+    images = set(stage_images(ins))
     assert len(images) == 1, "builder and final stage must share the base image (the venv links into it)"
     assert next(iter(images)).startswith("python:3.11")
     assert json.loads(next(a for w, a in final if w == "ENTRYPOINT")) == ["gpu-admission"]
