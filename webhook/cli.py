@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -26,11 +27,20 @@ class UsageError(Exception):
     """A one-line error for the user; exit code 2."""
 
 
+def installed_version() -> str:
+    """The version of the installed distribution (pyproject.toml's, as pip recorded it)."""
+    try:
+        return importlib.metadata.version("gpu-admission")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-admission",
         description="Admission webhook and policy enforcer for GPU/AI workloads on Kubernetes.",
     )
+    parser.add_argument("--version", action="version", version=f"gpu-admission {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
