@@ -3,7 +3,7 @@
 PYTHON ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: setup controlplane lint test test-fast demo bench kind-e2e
+.PHONY: setup controlplane helm lint test test-fast demo bench kind-e2e
 
 setup:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -11,14 +11,18 @@ setup:
 controlplane:
 	bash scripts/controlplane/build.sh
 
+# helm built from Go modules (cached), for the chart tests.
+helm:
+	bash scripts/helm/build.sh
+
 lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
 
-test: setup controlplane lint
+test: setup controlplane helm lint
 	$(PYTHON) -m pytest -q
 
-test-fast: setup
+test-fast: setup helm
 	$(PYTHON) -m pytest -q -m 'not e2e'
 
 demo: setup controlplane

@@ -29,8 +29,9 @@ BIN_DIR="$KEY_DIR/bin"
 STAMP="$BIN_DIR/.complete"
 BINARIES=(etcd kube-apiserver kube-scheduler kube-controller-manager)
 
-log() { printf 'build.sh: %s\n' "$*" >&2; }
-die() { printf 'build.sh: error: %s\n' "$*" >&2; exit 1; }
+LOG_NAME=build.sh
+PRODUCT="$BIN_DIR"
+source "$(dirname "$0")/../lib/cache.sh"
 
 cached() {
     [[ -f "$STAMP" ]] || return 1
@@ -38,22 +39,7 @@ cached() {
     for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
 }
 
-force=0
-case "${1:-}" in
-    "") ;;
-    --force) force=1 ;;
-    --print)
-        if cached; then echo "$BIN_DIR"; exit 0; fi
-        log "not built yet: $BIN_DIR"; exit 1 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
-    *) die "unknown argument '$1' (expected --force, --print or nothing)" ;;
-esac
-
-# Fast path: no Go invocation at all when the cache is complete.
-if [[ $force == 0 ]] && cached; then
-    echo "$BIN_DIR"
-    exit 0
-fi
+cache_args 12 "$@"
 
 [[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] \
     || die "K8S_VERSION must look like v1.33.13, got '$K8S_VERSION'"
@@ -62,19 +48,8 @@ STAGING_VERSION="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
 [[ $ETCD_VERSION =~ ^v3\.[0-9]+\.[0-9]+$ ]] || die "ETCD_VERSION must look like v3.5.35, got '$ETCD_VERSION'"
 
 command -v go >/dev/null 2>&1 || die "the 'go' command is not on PATH; install Go >= 1.24 to build the control plane"
-command -v flock >/dev/null 2>&1 || die "'flock' (util-linux) is required"
-
-mkdir -p "$KEY_DIR" || die "cannot create cache dir $KEY_DIR"
 # One build at a time per version key (parallel test sessions share the cache).
-exec 9>"$KEY_DIR/.lock"
-if ! flock -n 9; then
-    log "another build holds $KEY_DIR/.lock; waiting for it"
-    flock 9
-fi
-if [[ $force == 0 ]] && cached; then
-    echo "$BIN_DIR"
-    exit 0
-fi
+cache_lock "$KEY_DIR"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu-admission-cpbuild.XXXXXX")"
 STAGE="$KEY_DIR/bin.partial.$$"

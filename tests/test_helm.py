@@ -1,0 +1,147 @@
+"""The Helm chart (deploy/helm/gpu-admission): generated from the kustomize manifests, the same objects for
+the default values, and every documented option renders, lints and means what docs/deploy.md says.
+
+`helm` is built from Go modules by scripts/helm/build.sh (cached). The real API server's dry-run of every
+render and an install/upgrade/uninstall are in tests/e2e/test_helm_e2e.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.helm.generate import NAMESPACE
+from tests.helmchart import CHART, OPTIONS, POLICY_FILE, ROOT, by_key, helm, template
+from tests.test_deploy import docs_of, one
+from webhook.cli import build_parser
+
+
+def test_chart_is_generated_from_the_manifests() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.helm.generate", "--check"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(("values", "render"), [([], "base"), (OPTIONS["cert-manager"], "cert-manager")])
+def test_default_values_give_the_kustomize_objects(values: list[str], render: str) -> None:
+    helm_objects = by_key(template(*values))
+    kustomize_objects = by_key(docs_of(render))
+    assert sorted(helm_objects) == sorted(kustomize_objects)
+    for key, obj in kustomize_objects.items():
+        assert helm_objects[key] == obj, key
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_every_option_lints(option: str) -> None:
+    proc = helm("lint", "--strict", str(CHART), *OPTIONS[option])
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+def _server(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = one(objs, "Deployment", "gpu-admission")
+    (server,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "server"]
+    return server
+
+
+def _hooks(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    kinds = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    return [h for o in objs if o["kind"] in kinds for h in o["webhooks"]]
+
+
+def _changed(option: str) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    """The objects an option changes, against the default render."""
+    default, rendered = by_key(template()), by_key(template(*OPTIONS[option]))
+    return {k: v for k, v in rendered.items() if default.get(k) != v}
+
+
+def test_replicas() -> None:
+    objs = template(*OPTIONS["replicas"])
+    assert one(objs, "Deployment", "gpu-admission")["spec"]["replicas"] == 3
+    assert [k[1] for k in _changed("replicas")] == ["Deployment"]
+
+
+def test_failure_policy() -> None:
+    hooks = _hooks(template(*OPTIONS["failure-policy"]))
+    assert hooks and {h["failurePolicy"] for h in hooks} == {"Ignore"}
+    assert sorted(k[1] for k in _changed("failure-policy")) == [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ]
+
+
+def _excluded(objs: list[dict[str, Any]]) -> set[tuple[str, ...]]:
+    """The NotIn namespace lists of the webhooks (the policy webhook selects its own namespace with In)."""
+    found = set()
+    for hook in _hooks(objs):
+        (expression,) = hook["namespaceSelector"]["matchExpressions"]
+        if expression["operator"] == "NotIn":
+            found.add(tuple(expression["values"]))
+        else:
+            assert (expression["operator"], expression["values"]) == ("In", [NAMESPACE]), hook["name"]
+    return found
+
+
+def test_excluded_namespaces_always_keep_our_own(tmp_path: Path) -> None:
+    assert _excluded(template()) == {("kube-system", "kube-node-lease", "kube-public", NAMESPACE)}
+    assert _excluded(template(*OPTIONS["excluded-namespaces"])) == {
+        ("kube-system", "kube-node-lease", "kube-public", "monitoring", NAMESPACE)
+    }
+    (tmp_path / "none.yaml").write_text("excludedNamespaces: []\n")
+    assert _excluded(template("-f", str(tmp_path / "none.yaml"))) == {(NAMESPACE,)}
+    assert _excluded(template("--set", f"excludedNamespaces={{{NAMESPACE},kube-system}}")) == {
+        (NAMESPACE, "kube-system")
+    }
+
+
+def test_resources_image_and_policy() -> None:
+    server = _server(template(*OPTIONS["resources"]))
+    assert server["resources"] == {
+        "requests": {"cpu": "200m", "memory": "128Mi"},
+        "limits": {"cpu": "1", "memory": "512Mi"},
+    }
+    images = {c["image"] for o in template(*OPTIONS["image"]) for c in _pod_containers(o)}
+    assert images == {"registry.example.com/ml/gpu-admission:0.1.1"}
+    policy = one(template(*OPTIONS["policy"]), "ConfigMap", "gpu-admission-policy")
+    assert policy["data"]["policy.yaml"] == POLICY_FILE.read_text()
+    assert [k[1:] for k in _changed("policy")] == [("ConfigMap", NAMESPACE, "gpu-admission-policy")]
+
+
+def _pod_containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj.get("spec", {})
+    if obj["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return list(spec.get("template", {}).get("spec", {}).get("containers", []))
+
+
+def test_audit_options_reach_the_server_command() -> None:
+    server = _server(template(*OPTIONS["audit-file"]))
+    args = build_parser().parse_args(server["args"])
+    assert (args.audit_stdout, args.audit_file, args.audit_backups, args.audit_compress, args.audit_queue) == (
+        False, "/tmp/audit/decisions.jsonl", 3, True, 5000,
+    )  # fmt: skip
+    assert args.audit_max_bytes == 20 * 1024 * 1024
+    default = build_parser().parse_args(_server(template())["args"])
+    assert default.audit_stdout and default.audit_file is None
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["--set", "replicas=0"], "replicas"),
+        (["--set", "failurePolicy=Maybe"], "failurePolicy"),
+        (["--set", "certificates.mode=vault"], "/certificates/mode"),
+        (["--set", "excludedNamespaces={Not_A_Name}"], "/excludedNamespaces/0"),
+        (["--set", "audit.file=/var/log/audit.jsonl"], "/audit/file"),
+        (["--set", "replica=3"], "replica"),
+    ],
+)
+def test_schema_rejects_bad_values(values: list[str], message: str) -> None:
+    proc = helm("template", "gpu-admission", str(CHART), *values, check=False)
+    assert proc.returncode != 0 and "values don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr
