@@ -1,9 +1,10 @@
 # gpu-admission: `make demo` runs the product on its embedded default, `make test` runs every test.
-# Both do all set-up themselves (Python packages, control-plane binaries built from Go modules, cached).
+# Both do all set-up themselves (Python packages, control-plane binaries built from Go modules; `make test` also
+# helm from Go modules and the container image with buildah; all cached outside the repository).
 PYTHON ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: setup controlplane helm lint test test-fast demo bench kind-e2e
+.PHONY: setup controlplane helm image lint test test-fast demo bench kind-e2e
 
 setup:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -15,11 +16,16 @@ controlplane:
 helm:
 	bash scripts/helm/build.sh
 
+# The container image, built with buildah on a Debian base made by mmdebstrap (both installed with apt-get
+# when missing; cached, rebuilt when the Dockerfile or the code changes), for tests/e2e/test_image_e2e.py.
+image:
+	bash scripts/image/build.sh
+
 lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
 
-test: setup controlplane helm lint
+test: setup controlplane helm image lint
 	$(PYTHON) -m pytest -q
 
 test-fast: setup helm
