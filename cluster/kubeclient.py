@@ -22,7 +22,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
@@ -746,10 +746,19 @@ class KubeClient:
         """One list request (one page when `limit` is given; see `list_all`)."""
         return self.request("GET", path, params=params)
 
-    def list_all(self, path: str, *, page_size: int = 500, **params: ParamValue) -> JSON:
+    def list_all(
+        self,
+        path: str,
+        *,
+        page_size: int = 500,
+        transform: Callable[[Any], Any] | None = None,
+        **params: ParamValue,
+    ) -> JSON:
         """Every item, following `continue` tokens; a List with all `items` and the last resourceVersion.
 
-        An expired continue token (410) restarts the list once without paging, as client-go does.
+        `transform(item)` is applied page by page (None drops the item), so only one page of whole objects
+        is in memory at a time. An expired continue token (410) restarts the list once without paging, as
+        client-go does.
         """
         items: list[Any] = []
         token: str | None = None
@@ -759,11 +768,15 @@ class KubeClient:
                 page = self.list(path, limit=page_size, continue_=token, **params)
             except KubeError as exc:
                 if exc.gone and token is not None:
-                    return self.list(path, **params)
+                    whole = self.list(path, **params)
+                    if transform is not None:
+                        whole["items"] = _transformed(whole.get("items") or [], transform)
+                    return whole
                 raise
             if first is None:
                 first = page
-            items.extend(page.get("items") or [])
+            page_items = page.get("items") or []
+            items.extend(page_items if transform is None else _transformed(page_items, transform))
             metadata = page.get("metadata") or {}
             token = metadata.get("continue") or None
             if not token:
@@ -847,3 +860,7 @@ class KubeClient:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+def _transformed(items: list[Any], transform: Callable[[Any], Any]) -> list[Any]:
+    return [t for t in map(transform, items) if t is not None]

@@ -11,6 +11,9 @@ the first list has completed. Cached objects are shared, not copied: treat them 
 `on_change(Change)` runs on the reflector's thread, for every change and a `SYNCED` after every list; an
 exception in it is logged and otherwise ignored.
 
+`transform(obj)` (optional) is applied to every listed and watched object before it is cached (None: the
+object is not kept, as if deleted), so whole objects never accumulate: cluster/nodes.py cuts Nodes down.
+
 Used for Nodes, HorizontalPodAutoscalers, KEDA ScaledObjects and the policy ConfigMap.
 """
 
@@ -78,6 +81,7 @@ class Reflector:
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         seed: int | None = None,
+        transform: Callable[[Any], JSON | None] | None = None,
     ) -> None:
         if watch_timeout < 1:
             raise ValueError("watch_timeout must be at least 1 second")
@@ -94,6 +98,7 @@ class Reflector:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._random = random.Random(seed)
+        self._transform = transform
 
         self._lock = threading.Lock()
         self._items: dict[str, JSON] = {}
@@ -216,6 +221,7 @@ class Reflector:
             page_size=self._page_size,
             label_selector=self._selectors["label_selector"],
             field_selector=self._selectors["field_selector"],
+            transform=self._transform,
         )
         fresh: dict[str, JSON] = {}
         for item in listed.get("items") or []:
@@ -283,6 +289,12 @@ class Reflector:
                     self._rv = rv
             return
         key = object_key(obj)
+        skipped = False  # the transform refused the new version: drop the cached one, if any
+        if self._transform is not None and kind in ("ADDED", "MODIFIED"):
+            slim = self._transform(obj)
+            skipped = slim is None
+            obj = obj if slim is None else slim
+            kind = "DELETED" if skipped else kind
         change: Change | None = None
         with self._lock:
             before = self._items.get(key)
@@ -291,7 +303,8 @@ class Reflector:
                 change = Change("ADDED" if before is None else "MODIFIED", key, before, obj)
             elif kind == "DELETED":
                 self._items.pop(key, None)
-                change = Change("DELETED", key, before if before is not None else obj, None)
+                if before is not None or not skipped:
+                    change = Change("DELETED", key, before if before is not None else obj, None)
             if rv:
                 self._rv = rv
         if change is not None:

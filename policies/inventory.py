@@ -6,12 +6,14 @@ must land in). Everything here is computed once per inventory change, not per re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from typing import Any, overload
 
-from policies import gpulabels, mig, topology
+from policies import affinity, gpulabels, mig, nodeindex, topology
 from policies.document import Policy, Pool
+from policies.nodeindex import NodeIndex
 from policies.resources import GPU, GPU_SHARED, is_gpu_resource, parse_count
 from policies.selectors import NodeSelection, node_selection, selection_filter
 from policies.workloads import Json
@@ -27,7 +29,7 @@ CANDIDATES_CACHE_SIZE = 128
 CANDIDATES_KEY_LIMIT = 4096
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Offer:
     """One GPU resource a node advertises: `kind` is whole, mig or shared (time-sliced / MPS)."""
 
@@ -39,7 +41,7 @@ class Offer:
     profile: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: 50,000 of them, a dict each would be ~30 MB
 class GpuNode:
     name: str
     labels: Mapping[str, str]
@@ -72,29 +74,222 @@ class GpuNode:
         return None
 
 
+@dataclass(frozen=True, eq=False)
+class NodeSet(Sequence[GpuNode]):
+    """Some of an inventory's nodes (a bitmask over its index): the aggregates reviews ask for are mask
+    operations; the nodes themselves are listed only when iterated."""
+
+    universe: NodeIndex
+    mask: int
+
+    def __bool__(self) -> bool:
+        return self.mask != 0
+
+    def __len__(self) -> int:
+        return self.mask.bit_count()
+
+    @overload
+    def __getitem__(self, i: int) -> GpuNode: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[GpuNode]: ...
+    def __getitem__(self, i: int | slice) -> GpuNode | Sequence[GpuNode]:
+        return self.nodes[i]
+
+    def __iter__(self) -> Iterator[GpuNode]:
+        return iter(self.nodes)
+
+    @cached_property
+    def nodes(self) -> tuple[GpuNode, ...]:
+        return tuple(self.universe.node_list(self.mask))
+
+    def having(self, *sets: Any) -> NodeSet:
+        """The members that are in every one of the named sets (see _sets_of)."""
+        mask = self.mask
+        for name in sets:
+            mask &= self.universe.set(name)
+        return NodeSet(self.universe, mask)
+
+    def excluding(self, name: Any) -> NodeSet:
+        return NodeSet(self.universe, self.mask & ~self.universe.set(name))
+
+    @property
+    def offer_gpu(self) -> NodeSet:
+        """The members that offer plain nvidia.com/gpu."""
+        return self.having(OFFERS_GPU)
+
+    @property
+    def all_shared(self) -> bool:
+        """Not empty, and every member time-sliced or MPS."""
+        return bool(self.mask) and not self.excluding(SHARED)
+
+    @property
+    def any_whole_card(self) -> bool:
+        return bool(self.having(WHOLE_CARD))
+
+    def members_of(self, kind: str) -> Iterator[tuple[Any, NodeSet]]:
+        """(set name, members in it) for each named set of this kind (e.g. "offer", "product") it meets."""
+        for name, posting in self.universe.sets.items():
+            if isinstance(name, tuple) and name[0] == kind:
+                mask = self.mask & nodeindex.as_mask(posting)
+                if mask:
+                    yield name, NodeSet(self.universe, mask)
+
+
+OFFERS_GPU = "offers-gpu"
+SHARED = "shared"
+WHOLE_CARD = "whole-card"
+DECLARED = "declared"
+
+
+def _sets_of(node: GpuNode) -> list[Any]:
+    """The named node sets of the index a node belongs to: kinds, its offers (with the memory a unit really
+    gives: a time-sliced share is the card's memory / replicas) and its product."""
+    out: list[Any] = [("product", node.product)]
+    if node.shared:
+        out.append(SHARED)
+    if node.whole_card:
+        out.append(WHOLE_CARD)
+    if node.declared:
+        out.append(DECLARED)
+    for o in node.offers:
+        if o.resource == GPU:
+            out.append(OFFERS_GPU)
+        mem = o.memory_bytes
+        if o.kind == "shared" and o.resource in (GPU, GPU_SHARED):
+            mem = node.memory_bytes // max(_int_label(node.labels, "nvidia.com/gpu.replicas", 1), 1)
+        out.append(("offer", o, mem))
+    return out
+
+
 @dataclass(frozen=True)
+class Totals:
+    """Counts the inventory's maxima come from, kept per value so one node's change is O(1) to apply."""
+
+    whole_gpus: Mapping[int, int] = field(default_factory=dict)  # whole-card nodes by GPU count
+    memory: Mapping[int, int] = field(default_factory=dict)  # offers by memory per unit
+    gpu_units: Mapping[int, int] = field(default_factory=dict)  # nvidia.com/gpu offers by units (shared: 1)
+    resources: Mapping[str, int] = field(default_factory=dict)  # nodes offering each resource
+    rack_gpus: Mapping[str, int] = field(default_factory=dict)  # whole-card GPUs per rack
+    rack_sizes: Mapping[int, int] = field(default_factory=dict)  # racks by whole-card GPUs
+    pools: Mapping[str, int] = field(default_factory=dict)  # live nodes per declared pool
+
+    def apply(self, removed: Iterable[GpuNode], added: Iterable[GpuNode]) -> Totals:
+        edit = _CopyOnWrite(self)
+        for sign, nodes in ((-1, removed), (1, added)):
+            for n in nodes:
+                _count(n, sign, edit)
+        return Totals(**{name: edit.get(name, getattr(self, name)) for name in self.__dataclass_fields__})
+
+
+class _CopyOnWrite(dict[str, dict[Any, int]]):
+    """Totals' tables, each copied the first time it is edited."""
+
+    def __init__(self, base: Totals) -> None:
+        super().__init__()
+        self.base = base
+
+    def __missing__(self, name: str) -> dict[Any, int]:
+        table = self[name] = dict(getattr(self.base, name))
+        return table
+
+
+def _count(n: GpuNode, sign: int, t: dict[str, dict[Any, int]]) -> None:
+    def bump(table: dict[Any, int], key: Any, by: int = 1) -> None:
+        value = table.get(key, 0) + sign * by
+        if value:
+            table[key] = value
+        else:
+            table.pop(key, None)
+
+    if n.whole_card:
+        bump(t["whole_gpus"], n.whole_gpus)
+        if n.rack:
+            before = t["rack_gpus"].get(n.rack, 0)
+            bump(t["rack_gpus"], n.rack, n.whole_gpus)
+            after = t["rack_gpus"].get(n.rack, 0)
+            if before:
+                t["rack_sizes"][before] -= 1
+                if not t["rack_sizes"][before]:
+                    del t["rack_sizes"][before]
+            if after:
+                t["rack_sizes"][after] = t["rack_sizes"].get(after, 0) + 1
+    for o in n.offers:
+        bump(t["memory"], o.memory_bytes)
+        bump(t["resources"], o.resource)
+        if o.resource == GPU:
+            bump(t["gpu_units"], 1 if o.kind == "shared" else o.count)
+    if n.pool and not n.declared:
+        bump(t["pools"], n.pool)
+
+
+@dataclass(frozen=True, eq=False)
 class Inventory:
-    nodes: tuple[GpuNode, ...]
+    """One immutable version of the GPU inventory: nodes in a NodeIndex, the maxima rules read, the rack
+    label. `apply` makes the next version from node changes, sharing everything the changes do not touch."""
+
+    index: NodeIndex
+    totals: Totals
     rack_label: str | None
     rack_or_finer: frozenset[str]
-    zones: bool
-    max_whole_gpus: int
-    max_memory_bytes: int
     warnings: tuple[str, ...]
-    max_rack_gpus: int = 0  # whole-card GPUs in the largest rack (0: no rack label)
+    rack_setting: str = "auto"  # the policy's topology.rack this version was built for
+    pools: tuple[Pool, ...] = ()
     # Node-affinity expressions selecting the whole-card GPU nodes (training-pool) and the unshared ones
     # (online-exclusive), exact on this inventory.
     whole_card_expressions: tuple[Json, ...] = gpulabels.BASE_EXPRESSIONS
     not_shared_expressions: tuple[Json, ...] = gpulabels.BASE_EXPRESSIONS[:1]
     # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
-    # changes (a node event builds a new one, which starts empty).
-    _candidates: dict[str, tuple[GpuNode, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # changes (a node event makes a new one, which starts empty).
+    _candidates: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def empty(self) -> bool:
-        return not self.nodes
+        return not self.index.slots
 
-    def candidates(self, pod: Json) -> list[GpuNode]:
+    @cached_property
+    def nodes(self) -> tuple[GpuNode, ...]:
+        """Every node, in slot order (O(nodes): for tests, tools and reports, not for reviews)."""
+        return tuple(n for _, n in self.index.all_nodes())
+
+    @property
+    def node_count(self) -> int:
+        return len(self.index)
+
+    @property
+    def zones(self) -> bool:
+        return self.index.key_count(topology.ZONE) > 0
+
+    @cached_property
+    def max_whole_gpus(self) -> int:
+        return max(self.totals.whole_gpus, default=0)
+
+    @cached_property
+    def max_memory_bytes(self) -> int:
+        return max(self.totals.memory, default=0)
+
+    @cached_property
+    def max_rack_gpus(self) -> int:
+        """Whole-card GPUs in the largest rack (0: no rack label)."""
+        return max(self.totals.rack_sizes, default=0)
+
+    @cached_property
+    def largest_gpu_units(self) -> int:
+        """The most nvidia.com/gpu one node gives a pod: a time-sliced / MPS node counts as one (its units are
+        shares of a card, see shared-gpu-single)."""
+        return max(self.totals.gpu_units, default=0)
+
+    def offers(self, resource: str) -> bool:
+        return resource in self.totals.resources
+
+    @property
+    def resources(self) -> Iterable[str]:
+        return self.totals.resources.keys()
+
+    @property
+    def all(self) -> NodeSet:
+        return NodeSet(self.index, self.index.every)
+
+    def candidates(self, pod: Json) -> NodeSet:
         """GPU nodes the pod's nodeSelector / required node affinity allow (nodeName, nodeSelector and the
         required terms; tolerations, preferred affinity and pod affinity do not narrow it)."""
         selection = node_selection(pod)
@@ -105,27 +300,32 @@ class Inventory:
         except RecursionError:
             key = ""
         if not key or len(key) > CANDIDATES_KEY_LIMIT:
-            return self._match(selection)
+            return NodeSet(self.index, self._match(selection))
         cache = self._candidates
         # pop + insert keeps the most recently used last. Each step stays valid if another thread's review
         # touches the cache in between: at worst an entry is computed twice or evicted late.
         hit = cache.pop(key, None)
         if hit is None:
-            hit = tuple(self._match(selection))
+            hit = self._match(selection)
         cache[key] = hit
         while len(cache) > CANDIDATES_CACHE_SIZE:
             try:
                 del cache[next(iter(cache))]
             except (KeyError, RuntimeError, StopIteration):
                 break
-        return list(hit)
+        return NodeSet(self.index, hit)
 
-    def _match(self, selection: NodeSelection) -> list[GpuNode]:
-        allowed = selection_filter(selection)
-        return [n for n in self.nodes if allowed(n.labels, n.name)]
+    def _match(self, selection: NodeSelection) -> int:
+        try:
+            return nodeindex.selection_mask(self.index, selection)
+        except RecursionError:  # a pathologically nested value: fall back to testing node by node
+            allowed = selection_filter(selection)
+            return nodeindex.bits(s for s, n in self.index.all_nodes() if allowed(n.labels, n.name))
 
-    def offering(self, resource: str) -> list[GpuNode]:
-        return [n for n in self.nodes if n.offer(resource) is not None]
+    def apply(self, changes: Mapping[str, GpuNode | None]) -> Inventory:
+        """The next version: entry key -> node (added or replaced) or None (removed). Costs what the changed
+        nodes touch, except when the detected rack label changes (every node's rack is re-read)."""
+        return _next(self, dict(changes))
 
 
 def _labels(node: Json) -> dict[str, str]:
@@ -133,6 +333,8 @@ def _labels(node: Json) -> dict[str, str]:
     labels = meta.get("labels") if isinstance(meta, dict) else None
     if not isinstance(labels, dict):
         return {}
+    if all(type(k) is str and type(v) is str for k, v in labels.items()):
+        return labels  # shared with the (read-only) Node object: 50,000 nodes need not hold two copies
     return {str(k): str(v) for k, v in labels.items()}
 
 
@@ -243,18 +445,30 @@ def _build(
                 whole = count
     return GpuNode(
         name=name,
-        labels=dict(labels),
+        labels=labels if type(labels) is dict else dict(labels),
         product=product,
         sharing=sharing or "none",
         mig_strategy=mig_strategy,
         whole_gpus=whole,
         memory_bytes=gpu_mem,
-        offers=tuple(offers),
+        offers=tuple(_shared_offer(o) for o in offers),
         rack=None,
         pool=pool,
         partitioned=partitioned,
         declared=declared,
     )
+
+
+_OFFERS: dict[Offer, Offer] = {}
+OFFERS_SHARED = 4096  # distinct offers kept as one instance each; past that (hostile counts) new ones are not
+
+
+def _shared_offer(o: Offer) -> Offer:
+    """One instance per distinct offer: 50,000 nodes advertise a few dozen different ones."""
+    hit = _OFFERS.get(o)
+    if hit is None and len(_OFFERS) < OFFERS_SHARED:
+        hit = _OFFERS[o] = o
+    return hit or o
 
 
 def _pool_nodes(pool: Pool, rack_key: str) -> list[GpuNode]:
@@ -296,61 +510,143 @@ def _pool_nodes(pool: Pool, rack_key: str) -> list[GpuNode]:
 
 def build(nodes: Iterable[Any], policy: Policy) -> Inventory:
     """The inventory from Node objects (non-GPU nodes are skipped) plus the policy's declared pools."""
-    gpu_nodes = [n for obj in nodes if isinstance(obj, dict) for n in [node_from_object(obj, policy.pools)] if n]
-    explicit = policy.rack != "auto"
-    rack_key_for_pools = policy.rack if explicit else "topology.kubernetes.io/rack"
-    for pool in policy.pools:
-        if not any(n.pool == pool.name for n in gpu_nodes):
-            gpu_nodes.extend(_pool_nodes(pool, rack_key_for_pools))
-    warnings: list[str] = []
-    if explicit:
-        rack_label: str | None = policy.rack
-        have = sum(1 for n in gpu_nodes if n.labels.get(policy.rack))
-        if gpu_nodes and not have:
-            warnings.append(f"no GPU node carries the rack label {policy.rack!r} set in topology.rack")
-    else:
-        rack_label, have, total = topology.detect_rack_label(n.labels for n in gpu_nodes)
-        if rack_label is None and gpu_nodes:
-            warnings.append(
-                "no GPU node carries a rack label (topology.kubernetes.io/rack, EKS/GKE/OKE/Topograph ones): "
-                "training-rack cannot be applied; set topology.rack or label the nodes"
-            )
-        elif rack_label and have < total:
-            warnings.append(f"rack label {rack_label!r} is missing on {total - have} of {total} GPU nodes")
-    final = tuple(
-        GpuNode(**{**n.__dict__, "rack": n.labels.get(rack_label) if rack_label else None}) for n in gpu_nodes
-    )
-    live = [n for n in final if not n.declared]
-    exprs, problems = gpulabels.whole_card_expressions(
-        [n.labels for n in live if n.whole_card],
-        [n.labels for n in live if not n.whole_card and n.offer(GPU)],
-    )
-    unshared, shared_problems = gpulabels.not_shared_expressions(
-        [n.labels for n in live if not n.shared and n.offer(GPU)],
-        [n.labels for n in live if n.shared and n.offer(GPU)],
-    )
-    warnings.extend(problems + shared_problems)
+    found: dict[str, GpuNode] = {}
+    for obj in nodes:
+        n = node_from_object(obj, policy.pools) if isinstance(obj, dict) else None
+        if n is not None:
+            key = n.name if n.name not in found else f"{n.name}\x00{len(found)}"  # a file may repeat names
+            found[key] = n
+    # The rack label first (as detection will find it), so no node is indexed twice.
+    rack = policy.rack if policy.rack != "auto" else topology.detect_rack_label(n.labels for n in found.values())[0]
+    return empty(policy, rack).apply(found)
+
+
+def empty(policy: Policy, rack_label: str | None = None) -> Inventory:
+    """No live node: the policy's declared pools only."""
     return Inventory(
-        nodes=final,
-        rack_label=rack_label,
-        rack_or_finer=topology.rack_or_finer(rack_label),
-        zones=any(topology.ZONE in n.labels for n in final),
-        max_whole_gpus=max((n.whole_gpus for n in final if n.whole_card), default=0),
-        max_memory_bytes=max((o.memory_bytes for n in final for o in n.offers), default=0),
-        warnings=tuple(warnings),
-        max_rack_gpus=_largest_rack(final),
-        whole_card_expressions=exprs,
+        NodeIndex(), Totals(), rack_label, topology.rack_or_finer(rack_label), (), policy.rack, tuple(policy.pools)
+    ).apply({})
+
+
+POOL_KEY = "\x00pool/"  # entry keys of declared pools' nodes: no Node name can start with a NUL
+
+
+def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
+    index = inv.index
+    changes.update(_pool_changes(inv, changes))
+    rack = inv.rack_label
+    removed: list[GpuNode] = []
+    added: list[GpuNode] = []
+    for key, n in changes.items():
+        slot = index.slots.get(key)
+        old = index.node(slot) if slot is not None else None
+        if n is not None:
+            n = changes[key] = _with_rack(n, rack)
+        if old is not None and n is not None and _counted(old) == _counted(n):
+            continue  # the usual status update: nothing the totals count has changed
+        removed += [old] if old is not None else []
+        added += [n] if n is not None else []
+    index = index.apply(changes, _sets_of)
+    totals = inv.totals.apply(removed, added) if removed or added else inv.totals
+    same_keys = index.has is inv.index.has
+    detected = rack if same_keys else _rack_label(index, inv.rack_setting)
+    if detected != rack:  # every node's rack changes: re-read them all (rare: the first GPU node with a rack label)
+        rack = detected
+        every = {k: _with_rack(index.node(slot), rack) for k, slot in index.slots.items()}
+        index = index.apply(every, _sets_of)
+        totals = Totals().apply((), every.values())
+    unchanged = same_keys and index.labels is inv.index.labels and index.sets is inv.index.sets
+    if unchanged and len(index) == len(inv.index):  # heartbeats: no label or kind changed anywhere
+        whole, unshared, warnings = inv.whole_card_expressions, inv.not_shared_expressions, inv.warnings
+    else:
+        whole, unshared, problems = affinity.expressions(index, _groups(index))
+        warnings = (*_warnings(index, inv.rack_setting, rack), *problems)
+    return Inventory(
+        index=index,
+        totals=totals,
+        rack_label=rack,
+        rack_or_finer=inv.rack_or_finer if rack == inv.rack_label else topology.rack_or_finer(rack),
+        warnings=warnings,
+        rack_setting=inv.rack_setting,
+        pools=inv.pools,
+        whole_card_expressions=whole,
         not_shared_expressions=unshared,
     )
 
 
-def _largest_rack(nodes: tuple[GpuNode, ...]) -> int:
-    per_rack: dict[str, int] = {}
-    for n in nodes:
-        if n.rack and n.whole_card:
-            per_rack[n.rack] = per_rack.get(n.rack, 0) + n.whole_gpus
-    return max(per_rack.values(), default=0)
+def _groups(index: NodeIndex) -> affinity.Groups:
+    live = index.every & ~index.set(DECLARED)
+    gpu = live & index.set(OFFERS_GPU)
+    whole = index.set(WHOLE_CARD)
+    shared = index.set(SHARED)
+    return affinity.Groups(whole=live & whole, not_whole=gpu & ~whole, exclusive=gpu & ~shared, shared=gpu & shared)
 
 
-def empty(policy: Policy) -> Inventory:
-    return build((), policy)
+def _counted(n: GpuNode) -> tuple[Any, ...]:
+    """What Totals reads of a node."""
+    return (n.whole_card, n.whole_gpus, n.rack, n.offers, n.pool, n.declared)
+
+
+def _with_rack(n: GpuNode, rack_label: str | None) -> GpuNode:
+    rack = n.labels.get(rack_label) if rack_label else None
+    if n.rack == rack:
+        return n
+    # Positionally, not dataclasses.replace (keyword matching, several times slower): a first list of 50,000
+    # nodes stamps every one of them.
+    values: list[Any] = [rack if f == "rack" else getattr(n, f) for f in _NODE_FIELDS]
+    return GpuNode(*values)
+
+
+_NODE_FIELDS = tuple(f.name for f in fields(GpuNode))
+
+
+def _pool_changes(inv: Inventory, changes: Mapping[str, GpuNode | None]) -> dict[str, GpuNode | None]:
+    """Declared pools stand in for nodes the webhook cannot see: a pool's stand-in nodes exist exactly while
+    no live node is in the pool."""
+    if not inv.pools:
+        return {}
+    live = dict(inv.totals.pools)
+    for key, n in changes.items():
+        slot = inv.index.slots.get(key)
+        old = inv.index.node(slot) if slot is not None else None
+        for node, sign in ((old, -1), (n, 1)):
+            if node is not None and node.pool and not node.declared:
+                live[node.pool] = live.get(node.pool, 0) + sign
+    rack_key = inv.rack_setting if inv.rack_setting != "auto" else "topology.kubernetes.io/rack"
+    out: dict[str, GpuNode | None] = {}
+    for pool in inv.pools:
+        present = f"{POOL_KEY}{pool.name}/0" in inv.index.slots
+        if not live.get(pool.name) and not present:
+            out.update((f"{POOL_KEY}{pool.name}/{i}", n) for i, n in enumerate(_pool_nodes(pool, rack_key)))
+        elif live.get(pool.name) and present:
+            out.update((f"{POOL_KEY}{pool.name}/{i}", None) for i in range(pool.nodes))
+    return out
+
+
+def _rack_label(index: NodeIndex, setting: str) -> str | None:
+    if setting != "auto":
+        return setting
+    return next((key for key in topology.AUTO_ORDER if _labelled(index, key)), None)
+
+
+def _labelled(index: NodeIndex, key: str) -> int:
+    """Nodes with a non-empty value for key."""
+    values = index.labels.get(key)
+    return index.key_count(key) - (nodeindex.count(values.get("")) if values is not None else 0)
+
+
+def _warnings(index: NodeIndex, setting: str, rack_label: str | None) -> tuple[str, ...]:
+    total = len(index)
+    if not total:
+        return ()
+    have = _labelled(index, rack_label) if rack_label else 0
+    if setting != "auto":
+        return () if have else (f"no GPU node carries the rack label {setting!r} set in topology.rack",)
+    if rack_label is None:
+        return (
+            "no GPU node carries a rack label (topology.kubernetes.io/rack, EKS/GKE/OKE/Topograph ones): "
+            "training-rack cannot be applied; set topology.rack or label the nodes",
+        )
+    if have < total:
+        return (f"rack label {rack_label!r} is missing on {total - have} of {total} GPU nodes",)
+    return ()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies.inventory import GpuNode, Offer
+from policies.inventory import NodeSet, Offer
 from policies.patch import clone
 from policies.resources import GPU
 from policies.subject import (
@@ -145,36 +145,34 @@ def gpu_slice(s: Subject, p: Pod) -> bool:
     return added or offer.resource != GPU
 
 
-def choose_slice(nodes: list[GpuNode], ask: int, allow_shared: bool) -> tuple[Offer, list[GpuNode]] | None:
+def choose_slice(nodes: NodeSet, ask: int, allow_shared: bool) -> tuple[Offer, NodeSet] | None:
     """Best fit: the smallest memory covering the ask, then fewest compute slices, then most units.
     A time-sliced unit counts for its fair share of the card (memory / replicas): sharers have no memory
-    isolation, so promising more would be a lie."""
-    best: tuple[tuple[int, int, int, str], Offer] | None = None
-    for node in nodes:
-        for o in node.offers:
-            if o.kind == "shared" and not allow_shared:
-                continue
-            mem = o.memory_bytes
-            if o.kind == "shared" and o.resource in (GPU, "nvidia.com/gpu.shared"):
-                mem = node.memory_bytes // max(int(node.labels.get("nvidia.com/gpu.replicas", "1") or 1), 1)
-            if mem < ask:
-                continue
-            key = (mem, o.compute or 99, -o.count, o.resource)
-            if best is None or key < best[0]:
-                best = (key, o)
+    isolation, so promising more would be a lie. Reads the index's offer sets, never the nodes."""
+    groups = list(nodes.members_of("offer"))
+    best: tuple[tuple[int, int, int, str, str, str, int], Offer] | None = None
+    for (_, o, mem), _members in groups:
+        if (o.kind == "shared" and not allow_shared) or mem < ask:
+            continue
+        key = (mem, o.compute or 99, -o.count, o.resource, o.kind, o.profile, o.memory_bytes)
+        if best is None or key < best[0]:
+            best = (key, o)
     if best is None:
         return None
     chosen = best[1]
-    same = [n for n in nodes if any(_same_offer(o, chosen) for o in n.offers)]
-    return chosen, same
+    same = 0
+    for (_, o, _), members in groups:
+        if _same_offer(o, chosen):
+            same |= members.mask
+    return chosen, NodeSet(nodes.universe, same)
 
 
 def _same_offer(a: Offer, b: Offer) -> bool:
     return (a.resource, a.kind, a.memory_bytes, a.profile) == (b.resource, b.kind, b.memory_bytes, b.profile)
 
 
-def _select_nodes(nodes: list[GpuNode]) -> Json:
-    products = sorted({n.product for n in nodes})
+def _select_nodes(nodes: NodeSet) -> Json:
+    products = sorted(name[1] for name, _ in nodes.members_of("product"))
     if all(products):
         return {"key": "nvidia.com/gpu.product", "operator": "In", "values": products}
     return {"key": HOSTNAME, "operator": "In", "values": sorted(n.name for n in nodes)}
@@ -193,8 +191,8 @@ def training_pool(s: Subject, p: Pod) -> bool:
         return False
     pool = s.policy.pool(s.policy.training_pool) if s.policy.training_pool else None
     if pool is None:
-        cands = [n for n in p.candidates(s.inventory) if n.offer(GPU)]
-        if cands and not any(n.whole_card for n in cands):
+        cands = p.candidates(s.inventory).offer_gpu
+        if cands and not cands.any_whole_card:
             return False  # pinned to shared/MIG nodes on purpose: adding whole-card affinity would strand it
     if pool is not None:
         exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(pool.node_selector.items())]
@@ -207,8 +205,7 @@ def online_exclusive(s: Subject, p: Pod) -> bool:
     nodes (checklist 3: time-slicing only for latency-insensitive work)."""
     if p.workload != "inference" or p.latency != "online" or GPU not in p.ask.resource_names():
         return False
-    cands = p.candidates(s.inventory)
-    if cands and all(n.shared for n in cands if n.offer(GPU)) and any(n.offer(GPU) for n in cands):
+    if p.candidates(s.inventory).offer_gpu.all_shared:
         return False  # pinned to shared nodes on purpose: online-no-timeslice explains, we don't strand it
     return add_node_expressions(p.pod, s.inventory.not_shared_expressions)
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from policies import comm
 from policies.classify import classify
-from policies.inventory import GpuNode
 from policies.mutations import has_queue, has_rack_constraint, larger_than_any_rack
 from policies.quantity import format_bytes
 from policies.resources import GPU, is_mig, is_shared, pod_ask
@@ -200,8 +199,7 @@ def _controller_owned(obj: Json) -> bool:
 def _pinned_shared(s: Subject, p: Pod) -> bool:
     """Plain `nvidia.com/gpu` is shared when every node the pod may land on that offers it is time-sliced
     or MPS (by selector or because those are the only GPU nodes)."""
-    nodes: list[GpuNode] = [n for n in p.candidates(s.inventory) if n.offer(GPU)]
-    return bool(nodes) and all(n.shared for n in nodes)
+    return p.candidates(s.inventory).offer_gpu.all_shared
 
 
 def shared_gpu_single(s: Subject) -> list[Violation]:
@@ -322,10 +320,7 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
         whole = p.ask.whole_gpus
         # A time-sliced / MPS node advertises replicas x GPUs units of nvidia.com/gpu: they are shares, not
         # GPUs, and more than one share gives nothing (shared-gpu-single). Count such a node as one.
-        largest = max(
-            (1 if o.kind == "shared" else o.count for n in inv.nodes for o in n.offers if o.resource == GPU),
-            default=0,
-        )
+        largest = inv.largest_gpu_units
         if whole > largest:
             return [
                 Violation(
@@ -334,8 +329,8 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
                 )
             ]
         for name in sorted(p.ask.resource_names()):
-            if is_mig(name) and not inv.offering(name):
-                offered = sorted({o.resource for n in inv.nodes for o in n.offers if is_mig(o.resource)})
+            if is_mig(name) and not inv.offers(name):
+                offered = sorted(r for r in inv.resources if is_mig(r))
                 hint = f"; offered: {', '.join(offered[:4])}" if offered else ""
                 return [
                     Violation(

@@ -13,7 +13,7 @@ from typing import Any
 from policies import userkeys
 from policies.classify import classify, default_latency
 from policies.document import Policy
-from policies.inventory import GpuNode, Inventory
+from policies.inventory import Inventory, NodeSet
 from policies.resources import PodAsk, pod_ask
 from policies.workloads import JOB_IDENTITY_LABEL, POD_JOB_LABELS, Json, Template, effective_kind, templates
 
@@ -60,7 +60,7 @@ class Pod:
     # Derived from the pod spec and cached: rules read them many times. The engine calls Subject.invalidate
     # after every mutation that changed something, with what that mutation touches.
     _ask: PodAsk | None = None
-    _candidates: list[GpuNode] | None = None
+    _candidates: NodeSet | None = None
     _rack_constraint: bool | None = None  # see mutations.has_rack_constraint
 
     @property
@@ -73,7 +73,7 @@ class Pod:
             self._ask = pod_ask(self.template.pod)
         return self._ask
 
-    def candidates(self, inventory: Inventory) -> list[GpuNode]:
+    def candidates(self, inventory: Inventory) -> NodeSet:
         """GPU nodes this pod's node selection allows (cached like `ask`, reset by Subject.invalidate)."""
         if self._candidates is None:
             self._candidates = inventory.candidates(self.template.pod)

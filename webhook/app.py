@@ -465,9 +465,39 @@ def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) ->
     m.gauge(
         "gpu_admission_gpu_nodes",
         "GPU nodes in the inventory",
-        lambda: [((), float(len(state.snapshot().inventory.nodes)))],
+        lambda: [((), float(state.snapshot().inventory.node_count))],
     )
     m.gauge("gpu_admission_inflight", "Reviews being decided now", lambda: [((), float(cfg.inflight))])
+    m.gauge(
+        "gpu_admission_node_objects_clipped_total",
+        "Node objects skipped, or fields of them dropped, at decode (reason: too-many-labels, label-too-long, "
+        "bad-resource, no-name, not-an-object; limits in cluster/nodes.py)",
+        lambda: [((("reason", k),), float(v)) for k, v in sorted(state.node_transform.snapshot().items())],
+        kind="counter",
+    )
+
+    def node_batches() -> list[tuple[tuple[tuple[str, str], ...], float]]:
+        b = state.node_batches
+        if b is None:
+            return []
+        return [
+            ((("counter", "received"),), float(b.received)),
+            ((("counter", "applied"),), float(b.applied)),
+            ((("counter", "batches"),), float(b.batches)),
+        ]
+
+    m.gauge(
+        "gpu_admission_node_events_total",
+        "Node events received from the watch, applied to the inventory after coalescing, and batches applied",
+        node_batches,
+        kind="counter",
+    )
+    m.gauge(
+        "gpu_admission_node_batch_seconds_total",
+        "Time spent applying node event batches to the inventory",
+        lambda: [((), state.node_batches.apply_seconds)] if state.node_batches is not None else [],
+        kind="counter",
+    )
     if cfg.cert_status is not None:
         status = cfg.cert_status
 

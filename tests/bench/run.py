@@ -1,4 +1,4 @@
-"""`python -m tests.bench.run [engine|server|apiserver|all] [--quick]`: the benchmarks of docs/benchmarks.md.
+"""`python -m tests.bench.run [PART|all] [--quick]`: the benchmarks of docs/benchmarks.md (parts: PARTS below).
 
 Each part prints a table and writes JSON to out/bench/<part>.json. `--quick` is a smoke run of a few seconds
 per part (the numbers are not meant to be quoted). `--variant` runs an experiment from tests/bench/variants.py
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from tests.bench import common
 
-PARTS = ("engine", "server", "apiserver", "apiprofile")
+PARTS = ("engine", "server", "apiserver", "apiprofile", "scale")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -77,6 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             result = server.run(quick=ns.quick, variant=ns.variant)
             path = common.write_json("server" + suffix, result)
+        elif part == "scale":
+            from tests.bench import scale
+
+            result = scale.run(quick=ns.quick)
+            path = common.write_json("scale", result)
         elif part == "apiserver":
             from tests.bench import apiserver
 

@@ -65,14 +65,20 @@ def stop(srv: ServerProcess) -> None:
     shutil.rmtree(srv.tmp, ignore_errors=True)
 
 
-def audit_counters(srv: ServerProcess) -> dict[str, float]:
-    """The audit log counters (written, dropped, …) from the server's /metrics."""
+def metric(srv: ServerProcess, name: str) -> dict[str, float]:
+    """The samples of one metric from the server's /metrics, by the value of its one label ("" if none)."""
     with srv.client(timeout=5.0) as c:
         text = c.get("/metrics").text
     out: dict[str, float] = {}
-    for m in re.finditer(r'^gpu_admission_audit_records\{counter="([^"]+)"\}\s+(\S+)$', text, re.MULTILINE):
-        out[m.group(1)] = float(m.group(2))
+    pattern = rf'^{re.escape(name)}(?:\{{\w+="([^"]*)"\}})?\s+(\S+)$'
+    for m in re.finditer(pattern, text, re.MULTILINE):
+        out[m.group(1) or ""] = float(m.group(2))
     return out
+
+
+def audit_counters(srv: ServerProcess) -> dict[str, float]:
+    """The audit log counters (written, dropped, …) from the server's /metrics."""
+    return metric(srv, "gpu_admission_audit_records")
 
 
 def audit_latencies(srv: ServerProcess, offset: int) -> list[float]:

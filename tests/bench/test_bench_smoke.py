@@ -136,3 +136,22 @@ def test_apiprofile_quick(out_dir: Path) -> None:
         if config in ("none", "cel"):  # no webhook registered: the API server made no webhook call
             assert r["paths_ms_per_pod"][calls] == 0, (config, r["paths_ms_per_pod"])
     assert set(data["configs"]) == {"none", "noop", "webhook", "cel", "noop-2", "webhook-2"}
+
+
+def test_scale_quick(out_dir: Path) -> None:
+    assert run.main(["scale", "--quick"]) == 0
+    data = _load(out_dir, "scale")
+    rows = data["engine"]["rows"]
+    assert [r["nodes"] for r in rows] == [16, 1000] and rows[1]["gpu_nodes"] == 952
+    for r in rows:
+        t = r["training-pod-8gpu"]
+        assert _finite_positive(t["median_us"]) and t["p99_us"] >= t["median_us"]
+    for kind in ("heartbeat", "label change", "add or remove"):
+        assert _finite_positive(data["events"][kind]["apply_median_ms"])
+    assert data["list"]["gpu_nodes"] == 952 and data["list"]["clipped"] == {}
+    srv = data["server"]
+    assert srv["gpu_nodes"] == 952 and _finite_positive(srv["rss_after_mib"])
+    for run_ in (srv["quiet"], srv["storm"], srv["reference_6_nodes"]):
+        assert run_["errors"] == {} and _finite_positive(run_["p99_ms"])
+    assert srv["storm_node_counters"]["received"] > 0 and srv["storm_node_counters"]["batches"] > 0
+    assert {t["what"] for t in data["targets"]} and all(isinstance(t["met"], bool) for t in data["targets"])

@@ -1,0 +1,138 @@
+"""Node objects cut down at decode time to what the GPU inventory reads, like client-go's transform functions.
+
+A kubelet-managed Node carries status.images, conditions, nodeInfo and managedFields: tens of KB the
+inventory never reads. `NodeTransform` keeps metadata.name, metadata.labels, metadata.resourceVersion (the
+reflector compares versions on a relist), spec.taints, spec.unschedulable and the GPU resources of
+status.allocatable / status.capacity (names under RESOURCE_PREFIXES: what policies.resources calls a GPU
+resource), and drops the rest before the object is cached: ~1 KB a node instead of ~15-40 KB.
+
+Hostile or broken content never reaches the inventory and never stops the others (limits below, each
+counted by reason in `counts`, exported as gpu_admission_node_objects_clipped_total):
+- a label whose key or value breaks the API server's own validation lengths is dropped ("label-too-long");
+- a Node with more than MAX_LABELS labels is skipped whole ("too-many-labels"): which of them to keep is
+  a guess, and a wrong guess (say, losing the sharing-strategy label) would put pods on the wrong nodes;
+- a GPU resource whose amount is not a non-negative integer is dropped ("bad-resource"), as are entries past
+  MAX_RESOURCES of a resource map;
+- a Node without a name is skipped ("no-name"); so is one that is not a JSON object ("not-an-object").
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+JSON = dict[str, Any]
+
+# The API server's validation: a qualified name is an optional DNS-subdomain prefix (<= 253) + "/" + a name
+# (<= 63); a label value is <= 63 characters. Nothing longer can come from a real API server.
+MAX_KEY = 253 + 1 + 63
+MAX_VALUE = 63
+MAX_LABELS = 1000  # real GPU nodes carry 50-200 (GFD, NFD, cloud); the API server sets no count limit
+MAX_RESOURCES = 128
+MAX_TAINTS = 64
+MAX_QUANTITY = 64  # characters of a resource amount
+RESOURCE_PREFIXES = ("nvidia.com/",)  # the resources kept (policies.resources.NVIDIA_PREFIX; cluster/ cannot import it)
+
+
+class NodeTransform:
+    """Callable Node -> slim Node (or None: skip it), counting what it drops. Thread-safe counts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+
+    def _count(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[reason] = self.counts.get(reason, 0) + n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+    def __call__(self, obj: Any) -> JSON | None:
+        if not isinstance(obj, dict):
+            self._count("not-an-object")
+            return None
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            self._count("no-name")
+            return None
+        labels = self._labels(meta.get("labels"))
+        if labels is None:
+            return None
+        slim_meta: JSON = {"name": sys.intern(name), "labels": labels}  # the same string as its hostname label
+        rv = meta.get("resourceVersion")
+        if isinstance(rv, str):
+            slim_meta["resourceVersion"] = rv
+        out: JSON = {"metadata": slim_meta}
+        spec = obj.get("spec")
+        if isinstance(spec, dict):
+            slim_spec: JSON = {}
+            taints = spec.get("taints")
+            if isinstance(taints, list) and taints:
+                slim_spec["taints"] = [t for t in taints[:MAX_TAINTS] if isinstance(t, dict)]
+            if spec.get("unschedulable") is True:
+                slim_spec["unschedulable"] = True
+            if slim_spec:
+                out["spec"] = slim_spec
+        status = obj.get("status")
+        if isinstance(status, dict):
+            out["status"] = slim_status = {}
+            for key in ("allocatable", "capacity"):
+                section = status.get(key)
+                if isinstance(section, dict):
+                    slim_status[key] = self._resources(section)
+                    if any(isinstance(k, str) and k.startswith(RESOURCE_PREFIXES) for k in section):
+                        break  # capacity is read only when allocatable names no GPU resource
+        return out
+
+    def _labels(self, raw: Any) -> dict[str, str] | None:
+        if not isinstance(raw, dict):
+            return {}
+        if len(raw) > MAX_LABELS:
+            self._count("too-many-labels")
+            return None
+        out: dict[str, str] = {}
+        dropped = 0
+        for k, v in raw.items():
+            if not isinstance(k, str) or len(k) > MAX_KEY:
+                dropped += 1
+                continue
+            value = v if isinstance(v, str) else str(v)
+            if len(value) > MAX_VALUE:
+                dropped += 1
+                continue
+            # Interned: 50,000 nodes share a few hundred distinct keys and values (products, zones, strategies).
+            out[sys.intern(k)] = sys.intern(value)
+        if dropped:
+            self._count("label-too-long", dropped)
+        return out
+
+    def _resources(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        dropped = 0
+        for i, (name, amount) in enumerate(raw.items()):
+            if i >= MAX_RESOURCES or not isinstance(name, str) or len(name) > MAX_KEY:
+                dropped += 1
+            elif not name.startswith(RESOURCE_PREFIXES):
+                continue  # cpu, memory, pods, other devices: nothing the inventory reads
+            elif not _amount_ok(name, amount):
+                dropped += 1
+            else:
+                out[sys.intern(name)] = sys.intern(amount) if isinstance(amount, str) else amount
+        if dropped:
+            self._count("bad-resource", dropped)
+        return out
+
+
+def _amount_ok(name: str, amount: Any) -> bool:
+    """Extended resources (GPUs among them) are whole, non-negative counts."""
+    if isinstance(amount, bool):
+        return False
+    if isinstance(amount, int):
+        return amount >= 0
+    return isinstance(amount, str) and 0 < len(amount) <= MAX_QUANTITY and amount.isascii() and amount.isdigit()

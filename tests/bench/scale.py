@@ -1,0 +1,384 @@
+"""Scale benchmark: the same speed on a 50,000-node GPU cluster (issue #13).
+
+Clusters come from tests/bench/clustergen.py (16 nodes per rack; H100, GB200 cliques, A100 MIG mixed, H100 MIG
+single, time-sliced L4, A100 and CPU racks). Parts, each printed and written to out/bench/scale.json:
+
+- engine: `policies.engine.review` in process at 16 / 1k / 10k / 50k nodes (the inventory build timed too);
+  median and p99 per object, and the 50k/16 ratio of the 8-GPU training pod's median;
+- events: one Node change applied to the 50k-node inventory (`Inventory.apply`): heartbeat-like (no label
+  changes), a label change, a node added or removed; and the first review after each (its candidates are
+  evaluated afresh for the new version);
+- list: the first list of 50k heavy Node objects (~20 KB each, as kubelets write them) from a fake API server
+  process over HTTP (tests/bench/fakeapi.py), cut down page by page, then the inventory built from them;
+- server: a real `gpu-admission serve` watching that fake API server: time to ready, RSS with the full
+  inventory, then admission p99 at 500 reviews/s (the server benchmark's mix over TLS, Go loadgen, open loop)
+  without and with a storm of 1,000 Node updates/s, and the server's CPU during a storm with no admission load.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from cluster.kubeclient import KubeClient, KubeConfig
+from cluster.nodes import NodeTransform
+from policies import inventory as inventory_mod
+from policies.engine import review
+from tests.bench import clustergen, common, corpus, driver, server
+from tests.bench.engine import _time
+from tests.serverproc import ROOT, ServerProcess, free_port
+from webhook.state import NODE_PAGE, gc_paused
+
+SIZES = (16, 1_000, 10_000, 50_000)
+TARGET_MEDIAN_US = 100.0
+TARGET_RATIO = 1.2
+TARGET_EVENT_MS = 1.0
+TARGET_LIST_S = 5.0
+TARGET_RSS_MIB = 250.0
+TARGET_P99_MS = 5.0
+STORM_RATE = 1000.0
+REVIEW_RATE = 500
+
+
+def _cases() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("training-pod-8gpu", corpus.training_pod()),
+        ("training-pod-8gpu-fresh", corpus.training_pod(from_mutated_template=False)),
+        ("inference-mig-pod", corpus.mig_pod()),
+        ("inference-replica-pod", corpus.inference_replica_pod()),
+    ]
+
+
+def run_engine(sizes: tuple[int, ...], iterations: int, rounds: int) -> dict[str, Any]:
+    pol = corpus.policy()
+    rows = []
+    for n in sizes:
+        objs = clustergen.cluster(n)
+        gc.collect()
+        with gc_paused():  # as the server builds it (webhook/state.py: _build)
+            t0 = time.perf_counter()
+            inv = inventory_mod.build(objs, pol)
+            build_s = time.perf_counter() - t0
+        gc.freeze()
+        del objs
+        row: dict[str, Any] = {"nodes": n, "gpu_nodes": inv.node_count, "build_s": common.rnd(build_s, 3)}
+        for name, obj in _cases():
+            row[name] = _time(lambda obj=obj, inv=inv: review(obj, policy=pol, inventory=inv), iterations, rounds)
+        rows.append(row)
+        head = row["training-pod-8gpu"]
+        common.say(
+            f"  {n:>6} nodes: build {build_s:.2f} s; 8-GPU pod p50 {head['median_us']} µs p99 {head['p99_us']} µs"
+        )
+        del inv
+        gc.unfreeze()
+        gc.collect()
+    small, large = rows[0]["training-pod-8gpu"]["median_us"], rows[-1]["training-pod-8gpu"]["median_us"]
+    return {"rows": rows, "ratio": common.rnd(large / small, 3), "largest": rows[-1]["nodes"]}
+
+
+def run_events(n: int, per_kind: int) -> dict[str, Any]:
+    pol = corpus.policy()
+    inv = inventory_mod.build(clustergen.cluster(n), pol)
+    gc.freeze()  # as the server does after a build
+    pod = corpus.training_pod()
+    rng = random.Random(3)
+    out: dict[str, Any] = {"nodes": n}
+    gc.collect()
+    for kind in ("heartbeat", "label change", "add or remove"):
+        apply_ns: list[int] = []
+        review_ns: list[int] = []
+        added: list[str] = []
+        for g in range(per_kind):
+            i = rng.randrange(n)
+            while clustergen.rack_kind(i // clustergen.PER_RACK) == "cpu":  # a GPU node: the inventory holds it
+                i = rng.randrange(n)
+            obj = clustergen.node(i, heavy=True, generation=g + 1)
+            name = obj["metadata"]["name"]
+            if kind == "label change":
+                obj["metadata"]["labels"]["gpu-admission.example/health"] = "degraded" if g % 2 else "ok"
+            if kind == "add or remove":
+                change = {f"{name}-extra": inventory_mod.node_from_object(obj, pol.pools)} if g % 2 == 0 else {}
+                change = change or {added.pop(): None}
+                added += [k for k, v in change.items() if v is not None]
+            else:
+                change = {name: inventory_mod.node_from_object(obj, pol.pools)}
+            t0 = time.perf_counter_ns()
+            inv = inv.apply(change)
+            apply_ns.append(time.perf_counter_ns() - t0)
+            t0 = time.perf_counter_ns()
+            review(pod, policy=pol, inventory=inv)
+            review_ns.append(time.perf_counter_ns() - t0)
+        out[kind] = {
+            "apply_median_ms": common.rnd(common.median(apply_ns) / 1e6, 3),
+            "apply_p99_ms": common.rnd(common.percentile(apply_ns, 99) / 1e6, 3),
+            "first_review_median_us": common.rnd(common.median(review_ns) / 1e3, 1),
+            "events": per_kind,
+        }
+        common.say(
+            f"  {kind:>14}: apply p50 {out[kind]['apply_median_ms']} ms p99 {out[kind]['apply_p99_ms']} ms; "
+            f"first review after it p50 {out[kind]['first_review_median_us']} µs"
+        )
+    return out
+
+
+class FakeApi:
+    """tests/bench/fakeapi.py in its own process."""
+
+    def __init__(self, nodes: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.bench.fakeapi", "--nodes", str(nodes), "--port", str(self.port)],
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError("fake API server did not start")
+
+    def storm(self, rate: float) -> None:
+        httpx.get(f"{self.url}/_storm", params={"rate": str(rate)}, timeout=5)
+
+    def sent(self) -> int:
+        return int(httpx.get(f"{self.url}/_stats", timeout=5).json()["sent"])
+
+    def kubeconfig(self, directory: Path) -> Path:
+        path = directory / "kubeconfig"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "bench"}}],
+                }
+            )
+        )
+        return path
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def run_list(n: int) -> dict[str, Any]:
+    api = FakeApi(n)
+    try:
+        transform = NodeTransform()
+        with KubeClient(KubeConfig(server=api.url, token="bench"), timeout=120) as client:
+            gc.collect()
+            with gc_paused():  # as the server lists and builds (webhook/state.py: watch_nodes)
+                t0 = time.perf_counter()
+                listed = client.list_all("/api/v1/nodes", page_size=NODE_PAGE, transform=transform)
+                t1 = time.perf_counter()
+                inv = inventory_mod.build(listed["items"], corpus.policy())
+                t2 = time.perf_counter()
+        out = {
+            "nodes": n,
+            "gpu_nodes": inv.node_count,
+            "list_and_cut_s": common.rnd(t1 - t0, 2),
+            "build_s": common.rnd(t2 - t1, 2),
+            "total_s": common.rnd(t2 - t0, 2),
+            "clipped": transform.snapshot(),
+        }
+        common.say(
+            f"  first list of {n} heavy nodes: list + cut down {out['list_and_cut_s']} s, build {out['build_s']} s, "
+            f"total {out['total_s']} s"
+        )
+        return out
+    finally:
+        api.stop()
+
+
+def _node_metrics(srv: ServerProcess) -> dict[str, float]:
+    out = server.metric(srv, "gpu_admission_node_events_total")
+    out["apply_seconds"] = server.metric(srv, "gpu_admission_node_batch_seconds_total").get("", 0.0)
+    return out
+
+
+def _wait_inventory(srv: ServerProcess, want: int, timeout: float) -> float:
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    while time.monotonic() < deadline:
+        try:
+            with srv.client(timeout=5.0) as c:
+                details = c.get("/readyz").json()
+            inv = details.get("details", details).get("inventory", {})
+            if inv.get("synced") and inv.get("gpuNodes") == want:
+                return time.monotonic() - t0
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"inventory of {want} GPU nodes not ready after {timeout}s: {srv.log_tail()}")
+
+
+def _storm_window(api: FakeApi, srv: ServerProcess, seconds: float) -> dict[str, Any]:
+    """The server's CPU and node counters over `seconds` of a storm with no admission load."""
+    m0, sent0, cpu0, t0 = _node_metrics(srv), api.sent(), server.cpu_seconds(srv.proc.pid), time.monotonic()
+    time.sleep(seconds)
+    m1, sent1, cpu1, t1 = _node_metrics(srv), api.sent(), server.cpu_seconds(srv.proc.pid), time.monotonic()
+    wall = t1 - t0
+    return {
+        "events_per_s": common.rnd((sent1 - sent0) / wall, 1),
+        "received_per_s": common.rnd((m1.get("received", 0) - m0.get("received", 0)) / wall, 1),
+        "applied_per_s": common.rnd((m1.get("applied", 0) - m0.get("applied", 0)) / wall, 1),
+        "batches_per_s": common.rnd((m1.get("batches", 0) - m0.get("batches", 0)) / wall, 1),
+        "apply_cpu_share": common.rnd((m1["apply_seconds"] - m0["apply_seconds"]) / wall, 3),
+        "server_cpu_share": common.rnd((cpu1 - cpu0) / wall, 3),
+    }
+
+
+def run_server(n: int, duration: float, warmup: float) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-scale-"))
+    api = FakeApi(n)
+    srv: ServerProcess | None = None
+    try:
+        want = inventory_mod.build(clustergen.cluster(n), corpus.policy()).node_count
+        started = time.monotonic()
+        srv = ServerProcess(kubeconfig=str(api.kubeconfig(tmp)), nodes=None)
+        ready_s = (time.monotonic() - started) + _wait_inventory(srv, want, timeout=300)
+        time.sleep(2.0)
+        rss_ready = common.rss_kib(srv.proc.pid) / 1024
+        common.say(f"  serve: inventory of {want} GPU nodes ready {ready_s:.1f} s after start; RSS {rss_ready:.1f} MiB")
+        reqs = server.req_args([srv], server.write_bodies(tmp))
+        driver.run(["-cacert", srv.ca, "-c", "4", "-n", "500", "-expect", server.EXPECT, *reqs])
+        load = ["-rate", str(REVIEW_RATE)]
+        quiet = server.measure([srv], reqs, load, duration=duration, warmup=warmup, loadgen_cpus=None)
+        common.say(f"  {REVIEW_RATE}/s, no node events: p50 {quiet['latency_ms']['p50']:.2f} ms p99 "
+                   f"{quiet['latency_ms']['p99']:.2f} ms, {quiet['achieved_rate']:.0f}/s")  # fmt: skip
+        api.storm(STORM_RATE)
+        time.sleep(2.0)
+        idle_storm = _storm_window(api, srv, 5.0 if duration > 5 else 2.0)
+        common.say(f"  storm of {STORM_RATE:.0f} updates/s, no reviews: {idle_storm}")
+        m0 = _node_metrics(srv)
+        stormy = server.measure([srv], reqs, load, duration=duration, warmup=warmup, loadgen_cpus=None)
+        m1 = _node_metrics(srv)
+        common.say(f"  {REVIEW_RATE}/s during the storm: p50 {stormy['latency_ms']['p50']:.2f} ms p99 "
+                   f"{stormy['latency_ms']['p99']:.2f} ms, {stormy['achieved_rate']:.0f}/s")  # fmt: skip
+        api.storm(0)
+        rss_after = common.rss_kib(srv.proc.pid) / 1024
+        reference = _reference(tmp, duration, warmup)
+        return {
+            "nodes": n,
+            "gpu_nodes": want,
+            "ready_s": common.rnd(ready_s, 2),
+            "rss_ready_mib": common.rnd(rss_ready, 1),
+            "rss_after_mib": common.rnd(rss_after, 1),
+            "quiet": _brief(quiet),
+            "storm": _brief(stormy),
+            "storm_node_counters": {k: m1.get(k, 0) - m0.get(k, 0) for k in m1},
+            "idle_storm": idle_storm,
+            "reference_6_nodes": reference,
+            "loadavg": common.loadavg(),
+        }
+    finally:
+        if srv is not None:
+            server.stop(srv)
+        api.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _reference(tmp: Path, duration: float, warmup: float) -> dict[str, Any]:
+    """The same load on the example cluster's server (6 GPU nodes, no watch) in the same window: what the
+    machine's neighbours do to a p99 that has nothing to do with cluster size."""
+    srv = ServerProcess()
+    try:
+        reqs = server.req_args([srv], server.write_bodies(tmp))
+        driver.run(["-cacert", srv.ca, "-c", "4", "-n", "500", "-expect", server.EXPECT, *reqs])
+        res = server.measure([srv], reqs, ["-rate", str(REVIEW_RATE)], duration=duration, warmup=warmup,
+                             loadgen_cpus=None)  # fmt: skip
+        common.say(f"  reference, 6-node server, same window, {REVIEW_RATE}/s: p50 {res['latency_ms']['p50']:.2f} ms "
+                   f"p99 {res['latency_ms']['p99']:.2f} ms")  # fmt: skip
+        return _brief(res)
+    finally:
+        server.stop(srv)
+
+
+def _brief(res: dict[str, Any]) -> dict[str, Any]:
+    lat = res.get("latency_ms", {})
+    return {
+        "achieved_rate": res.get("achieved_rate"),
+        "p50_ms": lat.get("p50"),
+        "p99_ms": lat.get("p99"),
+        "max_ms": lat.get("max"),
+        "errors": res.get("errors"),
+        "server_cpu_us_per_review": res.get("server_cpu_us_per_review"),
+    }
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    sizes = (16, 1_000) if quick else SIZES
+    largest = sizes[-1]
+    iterations, rounds = (200, 2) if quick else (1000, 5)
+    common.say(f"scale: engine at {', '.join(map(str, sizes))} nodes")
+    result: dict[str, Any] = {"part": "scale", "quick": quick, "machine": common.machine()}
+    result["engine"] = run_engine(sizes, iterations, rounds)
+    common.say(f"scale: one Node event at {largest} nodes")
+    result["events"] = run_events(largest, 50 if quick else 400)
+    common.say(f"scale: first list of {largest} nodes")
+    result["list"] = run_list(largest)
+    common.say(f"scale: a server watching {largest} nodes")
+    result["server"] = run_server(largest, 3.0 if quick else 20.0, 1.0 if quick else 3.0)
+    result["targets"] = targets(result)
+    report(result)
+    return result
+
+
+def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    head = r["engine"]["rows"][-1]["training-pod-8gpu"]["median_us"]
+    events = r["events"]
+    worst_event = max(events[k]["apply_median_ms"] for k in ("heartbeat", "label change", "add or remove"))
+    rows = [
+        ("engine median, 8-GPU pod, largest cluster (µs)", head, TARGET_MEDIAN_US),
+        ("engine median ratio largest/16", r["engine"]["ratio"], TARGET_RATIO),
+        ("one Node event applied, median of the worst kind (ms)", worst_event, TARGET_EVENT_MS),
+        ("first list + build (s)", r["list"]["total_s"], TARGET_LIST_S),
+        ("server RSS with the inventory (MiB)", r["server"]["rss_after_mib"], TARGET_RSS_MIB),
+        (f"admission p99 at {REVIEW_RATE}/s in a {STORM_RATE:.0f}/s storm (ms)", r["server"]["storm"]["p99_ms"],
+         TARGET_P99_MS),
+    ]  # fmt: skip
+    return [{"what": w, "measured": m, "target": t, "met": m is not None and m <= t} for w, m, t in rows]
+
+
+def report(result: dict[str, Any]) -> None:
+    eng = result["engine"]
+    names = [name for name, _ in _cases()]
+    common.say(
+        common.table(
+            ["nodes", "GPU nodes", "build s", *(f"{n} p50 µs" for n in names), "8-GPU p99 µs"],
+            [_engine_row(r, names) for r in eng["rows"]],
+        )
+    )
+    ev = result["events"]
+    common.say(
+        common.table(
+            ["Node event at " + str(ev["nodes"]), "apply p50 ms", "apply p99 ms", "first review after, p50 µs"],
+            [
+                [k, ev[k]["apply_median_ms"], ev[k]["apply_p99_ms"], ev[k]["first_review_median_us"]]
+                for k in ("heartbeat", "label change", "add or remove")
+            ],
+        )
+    )
+    common.say(
+        common.table(
+            ["target", "measured", "target", ""],
+            [[t["what"], t["measured"], t["target"], "met" if t["met"] else "MISSED"] for t in result["targets"]],
+        )
+    )
+
+
+def _engine_row(r: dict[str, Any], names: list[str]) -> list[Any]:
+    return [r["nodes"], r["gpu_nodes"], r["build_s"], *(r[n]["median_us"] for n in names),
+            r["training-pod-8gpu"]["p99_us"]]  # fmt: skip
