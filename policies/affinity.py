@@ -12,7 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policies import gpulabels
-from policies.gpulabels import GKE_PARTITION, GKE_SHARING, MIG_LABEL_PREFIX, MIG_STRATEGY, PRODUCT, SHARING
+from policies.gpulabels import (
+    GKE_PARTITION,
+    GKE_SHARING,
+    MIG_LABEL_PREFIX,
+    MIG_STRATEGY,
+    PRODUCT,
+    SHARING,
+    SLICES_PREFIX,
+)
 from policies.nodeindex import NodeIndex, as_mask, expression_mask
 from policies.topology import HOSTNAME
 from policies.workloads import Json
@@ -39,6 +47,25 @@ def expressions(index: NodeIndex, g: Groups) -> tuple[tuple[Json, ...], tuple[Js
     unshared_exprs = [gpulabels.BASE_EXPRESSIONS[0], *_sharing(index, g.shared)]
     unshared, more = _selection(index, unshared_exprs, g.exclusive, g.shared, "time-sliced or MPS")
     return whole, unshared, problems + more
+
+
+_READ = frozenset({SHARING, PRODUCT, MIG_STRATEGY, GKE_PARTITION, GKE_SHARING, HOSTNAME})
+
+
+def reads(key: str) -> bool:
+    """Whether `expressions` reads this label key (HOSTNAME: the names in its problem lines)."""
+    return key in _READ or key.startswith((MIG_LABEL_PREFIX, SLICES_PREFIX))
+
+
+def same_inputs(old: NodeIndex, new: NodeIndex) -> bool:
+    """Whether `expressions` would answer the same for `new` as for `old`: same node sets, and the postings of
+    every label key it reads shared (copy-on-write leaves untouched ones the same object)."""
+    if new.sets is not old.sets or len(new) != len(old):
+        return False
+    if new.labels is old.labels:
+        return True
+    keys = set(old.labels).union(new.labels)
+    return all(old.labels.get(k) is new.labels.get(k) for k in keys if reads(k))
 
 
 def _non_empty(index: NodeIndex, key: str) -> int:

@@ -238,6 +238,7 @@ class Inventory:
     # (online-exclusive), exact on this inventory.
     whole_card_expressions: tuple[Json, ...] = gpulabels.BASE_EXPRESSIONS
     not_shared_expressions: tuple[Json, ...] = gpulabels.BASE_EXPRESSIONS[:1]
+    label_problems: tuple[str, ...] = ()  # GPU nodes those expressions cannot tell apart (also in warnings)
     # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
     # changes (a node event makes a new one, which starts empty).
     _candidates: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -555,22 +556,22 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         every = {k: _with_rack(index.node(slot), rack) for k, slot in index.slots.items()}
         index = index.apply(every, _sets_of)
         totals = Totals().apply((), every.values())
-    unchanged = same_keys and index.labels is inv.index.labels and index.sets is inv.index.sets
-    if unchanged and len(index) == len(inv.index):  # heartbeats: no label or kind changed anywhere
-        whole, unshared, warnings = inv.whole_card_expressions, inv.not_shared_expressions, inv.warnings
+    if affinity.same_inputs(inv.index, index):  # heartbeats, and labels the expressions never read
+        whole, unshared, problems = inv.whole_card_expressions, inv.not_shared_expressions, inv.label_problems
     else:
-        whole, unshared, problems = affinity.expressions(index, _groups(index))
-        warnings = (*_warnings(index, inv.rack_setting, rack), *problems)
+        whole, unshared, found = affinity.expressions(index, _groups(index))
+        problems = tuple(found)
     return Inventory(
         index=index,
         totals=totals,
         rack_label=rack,
         rack_or_finer=inv.rack_or_finer if rack == inv.rack_label else topology.rack_or_finer(rack),
-        warnings=warnings,
+        warnings=(*_warnings(index, inv.rack_setting, rack), *problems),
         rack_setting=inv.rack_setting,
         pools=inv.pools,
         whole_card_expressions=whole,
         not_shared_expressions=unshared,
+        label_problems=problems,
     )
 
 

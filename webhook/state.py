@@ -210,11 +210,11 @@ class State:
                     batches.put(change.key, change.new)
                 return
             if not built.is_set():
+                startup.__exit__(None, None, None)  # before _build collects: the list left cyclic garbage
                 with self._lock:
                     inv = _build(refl.snapshot().values(), self._snap.policy)
                     self._snap = Snapshot(self._snap.policy, inv, self._snap.namespaces, self._snap.resolve)
                 built.set()
-                startup.__exit__(None, None, None)
             self.status.inventory_synced = True
 
         refl = Reflector(
@@ -301,6 +301,9 @@ def _build(nodes: Iterable[dict[str, Any]], policy: Policy) -> Inventory:
     collection scan them all, a pause of tens of milliseconds in the middle of an admission request."""
     with gc_paused():
         inv = inventory_mod.build(nodes, policy)
+    # Collect first: freezing would keep whatever cyclic garbage exists now forever (a paused list leaves
+    # every page's HTTP response, content included, in reference cycles: 700 MiB at 50,000 nodes).
+    gc.collect()
     gc.freeze()
     _trim()
     return inv

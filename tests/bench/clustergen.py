@@ -67,8 +67,9 @@ def node(i: int, *, heavy: bool = False, generation: int = 0) -> Json:
             labels["nvidia.com/mig.strategy"] = "mixed"
             labels |= {"nvidia.com/mig-1g.10gb.count": "14", "nvidia.com/mig-3g.40gb.count": "4"}
             gpus = {"nvidia.com/mig-1g.10gb": "14", "nvidia.com/mig-3g.40gb": "4", "nvidia.com/gpu": "4"}
-        elif kind == "h100-mig1g":
+        elif kind == "h100-mig1g":  # GFD's single strategy: the -MIG- product and the MIG attribute labels
             labels["nvidia.com/mig.strategy"] = "single"
+            labels |= {"nvidia.com/gpu.slices.gi": "1", "nvidia.com/gpu.slices.ci": "1"}
             gpus = {"nvidia.com/gpu": str(count * 7)}
         elif kind == "l4-ts":
             labels |= {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
