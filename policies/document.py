@@ -37,6 +37,7 @@ MUTATION_IDS = (
     "training-pool",
     "training-rack",
     "training-node-pack",
+    "job-size",
     "inference-spread",
     "gpu-slice",
     "online-exclusive",
@@ -121,6 +122,13 @@ class Policy:
     comm: CommSettings
     hash: str
     document: Mapping[str, Any]
+    # placement.whenNoDomainFits (prefer | deny) and how long a pinned job's GPUs stay reserved
+    when_no_domain_fits: str = "prefer"
+    reservation_seconds: float = 120.0
+    # placement.gangSchedulers: express the same-rack constraint through these instead of podAffinity
+    gang_kueue: bool = False
+    gang_volcano: bool = False
+    gang_kai_topology: str = ""
 
     def pool(self, name: str) -> Pool | None:
         for p in self.pools:
@@ -233,6 +241,7 @@ _TOP = (
     "inference",
     "gpuNodes",
     "comm",
+    "placement",
 )
 
 
@@ -313,6 +322,13 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
         cross_rack_oversubscription=c.number(cm, "crossRackOversubscription", 2.0, "comm"),
     )
 
+    pl = c.mapping(doc, "placement", "")
+    c.known(pl, ("whenNoDomainFits", "reservationSeconds", "gangSchedulers"), "placement")
+    when_no_fit = c.choice(pl, "whenNoDomainFits", ("prefer", "deny"), "prefer", "placement")
+    reservation_seconds = c.integer(pl, "reservationSeconds", 120, "placement", minimum=1)
+    gang = c.mapping(pl, "gangSchedulers", "placement")
+    c.known(gang, ("kueue", "volcano", "kaiTopology"), "placement.gangSchedulers")
+
     if c.errors:
         raise PolicyError(c.errors)
     canonical = text if text is not None else yaml.safe_dump(dict(doc), sort_keys=True)
@@ -336,6 +352,11 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
         comm=comm,
         hash="sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16],
         document=doc,
+        when_no_domain_fits=when_no_fit,
+        reservation_seconds=float(reservation_seconds),
+        gang_kueue=c.boolean(gang, "kueue", False, "placement.gangSchedulers"),
+        gang_volcano=c.boolean(gang, "volcano", False, "placement.gangSchedulers"),
+        gang_kai_topology=c.string(gang, "kaiTopology", "", "placement.gangSchedulers"),
     )
 
 

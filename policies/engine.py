@@ -12,17 +12,17 @@ from typing import Any
 
 import orjson
 
-from policies import userkeys
+from policies import placement, userkeys
 from policies.document import Policy
 from policies.inventory import Inventory
 from policies.mutations import MUTATIONS
 from policies.patch import JsonOp, diff
 from policies.resources import is_gpu_resource
 from policies.rules import RULES
-from policies.subject import ReviewContext, build
+from policies.subject import ReviewContext, Subject, build
 from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, containers, effective_kind, templates
 
-__all__ = ["Finding", "Review", "ReviewContext", "RuleResult", "review"]
+__all__ = ["Finding", "Placement", "Review", "ReviewContext", "RuleResult", "review"]
 
 _RANK = {"off": 0, "audit": 1, "warn": 2, "enforce": 3}
 WARNING_LIMIT = 120  # the API server keeps warnings short; kubectl prints each on one line
@@ -45,6 +45,16 @@ class RuleResult:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """A gang pinned to one domain at this review: what the server keeps reserved until its pods bind."""
+
+    job: str
+    key: str
+    domain: str
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Review:
     kind: str
     workload: str | None
@@ -57,6 +67,8 @@ class Review:
     results: tuple[RuleResult, ...]
     policy_hash: str
     handled: bool = True
+    # The domain training-rack pinned from the capacity view (the server reserves it), else None.
+    placement: Placement | None = None
 
     @property
     def verdict(self) -> str:
@@ -185,6 +197,7 @@ def review(
                 warnings.append(short(message))
             results.append(RuleResult(rule.id, action, action, message))
 
+    warnings.extend(short(n) for n in subject.notes)
     if inventory.warnings and any(r.outcome in ("deny", "warn") and "rack" in r.rule for r in results):
         warnings.append(short(inventory.warnings[0]))
     # Mutations report every change, so with none applied there is nothing to diff (the common case for
@@ -204,7 +217,16 @@ def review(
         object=work,
         results=tuple(results),
         policy_hash=policy.hash,
+        placement=_pinned(subject),
     )
+
+
+def _pinned(s: Subject) -> Placement | None:
+    d = s.pinned
+    job = s.job_id()
+    if d is None or job is None or d.domain is None or d.source != placement.BEST_FIT:
+        return None
+    return Placement(job, d.key, d.domain, s.job.sizes)
 
 
 def _mentions_gpu(obj: Json) -> bool:

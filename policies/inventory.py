@@ -6,7 +6,7 @@ must land in). Everything here is computed once per inventory change, not per re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, overload
@@ -14,6 +14,7 @@ from typing import Any, overload
 from policies import affinity, gpulabels, mig, nodeindex, topology
 from policies.document import Policy, Pool
 from policies.nodeindex import NodeIndex
+from policies.placement import memoize
 from policies.resources import GPU, GPU_SHARED, is_gpu_resource, parse_count
 from policies.selectors import NodeSelection, node_selection, selection_filter
 from policies.workloads import Json
@@ -242,6 +243,11 @@ class Inventory:
     # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
     # changes (a node event makes a new one, which starts empty).
     _candidates: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()` once per inventory version and key (bounded): answers derived from these nodes only."""
+        return memoize(self._memo, key, compute)
 
     @property
     def empty(self) -> bool:

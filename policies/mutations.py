@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from policies import comm, placement, userkeys
 from policies.inventory import NodeSet, Offer
 from policies.patch import clone
 from policies.resources import GPU
@@ -212,26 +213,147 @@ def online_exclusive(s: Subject, p: Pod) -> bool:
 
 def training_rack(s: Subject, p: Pod) -> bool:
     """training-rack: pods of a multi-pod training job get required podAffinity on the job-identity label
-    with topologyKey = the rack label (checklist 1 and 4: same rack, never across switches by accident)."""
+    with topologyKey = the rack label, and required node affinity to the rack chosen for the whole gang:
+    the best-fit rack that holds it now (pod view), else the racks whose allocatable could (checklist 1 and
+    4: same rack, never across switches by accident, never half a gang stranded)."""
     if p.workload != "training" or not s.job.multi_pod or not s.inventory.rack_label:
         return False
     if not p.ask.asks_gpu or s.job.key is None or s.job.value is None or has_rack_constraint(s, p):
         return False
     if larger_than_any_rack(s):
         return False  # it cannot fit in one rack: a required same-rack affinity would strand it Pending
+    rack = s.inventory.rack_label
+    if _via_gang_scheduler(s, p, rack):
+        return True  # all-or-nothing, in its own keys: the scheduler picks the rack, nothing can strand
+    decision = s.placement
+    if decision is not None and decision.source == placement.NONE_FITS_NOW:
+        return _prefer_roomiest(s, p, decision)
     changed = _ensure_job_label(s, p)
-    term = {
-        "labelSelector": {"matchLabels": {s.job.key: s.job.value}},
-        "topologyKey": s.inventory.rack_label,
-    }
+    if decision is not None and decision.domain is not None:
+        changed |= add_node_expressions(p.pod, [_in(rack, [decision.domain])])
+        s.pinned = decision
+    elif decision is not None and set(decision.eligible) != set(_domains(s, p, rack)):
+        changed |= add_node_expressions(p.pod, [_in(rack, list(decision.eligible))])  # static rule
+    if decision is not None and decision.source == placement.STATIC and s.ctx.capacity is not None:
+        s.notes.append("placement: pod view not synced yet: rack chosen by allocatable only, not free GPUs")
+    term = {"labelSelector": {"matchLabels": {s.job.key: s.job.value}}, "topologyKey": rack}
     return (
         _add_to_list(p.pod, ("affinity", "podAffinity", "requiredDuringSchedulingIgnoredDuringExecution"), term)
         or changed
     )
 
 
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
+KAI_TOPOLOGY = "kai.scheduler/topology"
+KAI_REQUIRED = "kai.scheduler/topology-required-placement"
+KAI_SCHEDULER = "kai-scheduler"
+
+
+def _via_gang_scheduler(s: Subject, p: Pod, rack: str) -> bool:
+    """Where the policy says the job's gang scheduler is set up for topology (placement.gangSchedulers), the
+    same-rack constraint goes into that scheduler's keys: Volcano `networkTopology` hard at tier 1 on a
+    Volcano Job, Kueue `podset-required-topology` on a queued workload's pod templates, KAI's Topology and
+    required placement on the top owner. Never overwrites a value the user set."""
+    from policies.subject import meta_map
+
+    pol = s.policy
+    if pol.gang_volcano and s.kind == "VolcanoJob":
+        spec = child(s.obj, "spec")
+        if isinstance(spec, dict) and spec.get("networkTopology") is None:
+            spec["networkTopology"] = {"mode": "hard", "highestTierAllowed": 1}
+            return True
+        return False
+    if pol.gang_kueue and (KUEUE_QUEUE in meta_map(s.obj, "labels") or KUEUE_QUEUE in p.labels()):
+        ann = _path(p.pod, "metadata", "annotations")
+        if isinstance(ann, dict) and not any(k.startswith("kueue.x-k8s.io/podset-") for k in ann):
+            ann[KUEUE_REQUIRED] = rack
+            return True
+        return False
+    kai = p.spec.get("schedulerName") == KAI_SCHEDULER or "kai.scheduler/queue" in meta_map(s.obj, "labels")
+    if pol.gang_kai_topology and kai:
+        ann = _path(s.obj, "metadata", "annotations")
+        if (
+            isinstance(ann, dict)
+            and KAI_REQUIRED not in ann
+            and ann.get(KAI_TOPOLOGY, pol.gang_kai_topology) == pol.gang_kai_topology
+        ):
+            ann[KAI_TOPOLOGY] = pol.gang_kai_topology
+            ann[KAI_REQUIRED] = rack
+            return True
+    return False
+
+
+def _in(key: str, values: list[str]) -> Json:
+    return {"key": key, "operator": "In", "values": sorted(values)}
+
+
+def _domains(s: Subject, p: Pod, key: str) -> set[str]:
+    return {d for n in p.candidates(s.inventory) if n.whole_gpus > 0 and (d := n.labels.get(key))}
+
+
+def _prefer_roomiest(s: Subject, p: Pod, d: placement.Decision) -> bool:
+    """No rack holds the gang now. `prefer`: no required term that could strand half of it; preferred
+    affinity to the rack with most free room and to the job's own pods, and a warning. `deny`: nothing here,
+    training-same-rack denies with the rack that would fit."""
+    if s.policy.when_no_domain_fits != "prefer" or d.roomiest is None or s.job.key is None:
+        return False
+    changed = _ensure_job_label(s, p)
+    node_term = {"weight": 100, "preference": {"matchExpressions": [_in(d.key, [d.roomiest])]}}
+    pod_term = {
+        "weight": 100,
+        "podAffinityTerm": {"labelSelector": {"matchLabels": {s.job.key: s.job.value}}, "topologyKey": d.key},
+    }
+    changed |= _add_to_list(
+        p.pod, ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution"), node_term
+    )
+    changed |= _add_to_list(
+        p.pod, ("affinity", "podAffinity", "preferredDuringSchedulingIgnoredDuringExecution"), pod_term
+    )
+    s.notes.append(no_domain_fits_note(s, d))
+    return changed
+
+
+def no_domain_fits_note(s: Subject, d: placement.Decision) -> str:
+    est = allreduce_estimate(s)
+    factor = est.cross_rack_penalty if est is not None else None
+    cost = f"; all-reduce ≈{factor:.1f}× slower across racks" if factor else ""
+    return f"placement: no rack holds the {s.job.gpus}-GPU job now: prefers {d.roomiest} (most room){cost}"
+
+
+def allreduce_estimate(s: Subject) -> comm.Estimate | None:
+    """The comm model's estimate for this job's size (docs/comm-model.md), with the policy's bandwidths."""
+    c = s.policy.comm
+    bw = comm.Bandwidths(
+        nvlink_gbps=c.nvlink_gbps,
+        network_gbps=c.network_gbps,
+        cross_rack_oversubscription=c.cross_rack_oversubscription,
+    )
+    try:
+        return comm.placement_estimate(c.message_bytes, max(s.job.gpus, 2), s.inventory.max_whole_gpus or 8, bw)
+    except ValueError:
+        return None
+
+
+def prefers_domain(p: Pod, key: str) -> bool:
+    """The pod carries the preferred same-domain podAffinity `_prefer_roomiest` adds."""
+    aff = p.spec.get("affinity")
+    pa = aff.get("podAffinity") if isinstance(aff, dict) else None
+    pref = pa.get("preferredDuringSchedulingIgnoredDuringExecution") if isinstance(pa, dict) else None
+    return isinstance(pref, list) and any(
+        isinstance(t, dict)
+        and isinstance(t.get("podAffinityTerm"), dict)
+        and t["podAffinityTerm"].get("topologyKey") == key
+        for t in pref
+    )
+
+
 def larger_than_any_rack(s: Subject) -> bool:
-    """A job of more whole GPUs than the largest rack holds (when its size and the racks are known)."""
+    """A job no rack can hold: counted per node in pod-sized pieces when the gang's pods are known
+    (placement's static rule), else whole GPUs against the largest rack."""
+    d = s.placement
+    if d is not None and s.job.sizes:
+        return d.source == placement.NEVER_FITS
     inv = s.inventory
     return s.job.gpus_known and inv.max_rack_gpus > 0 and s.job.gpus > inv.max_rack_gpus
 
@@ -269,6 +391,22 @@ def _ensure_job_label(s: Subject, p: Pod) -> bool:
     if OWN_JOB_LABEL in labels:
         return False  # the user's own value wins; the selector would then not match: the rule reports it
     labels[OWN_JOB_LABEL] = s.job.value
+    return True
+
+
+def job_size(s: Subject, p: Pod) -> bool:
+    """job-size: an Indexed Job's pod template asking whole GPUs gets `gpu-admission.io/job-gpus` (the
+    job's GPUs), so each pod, which carries only its own index, knows its gang: a 1-pod job's pod gets no
+    same-rack term, and a multi-pod job's pods can be placed as one gang."""
+    if s.kind != "Job" or p.ask.whole_gpus <= 0 or not s.job.gpus_known:
+        return False
+    spec = s.obj.get("spec")
+    if not isinstance(spec, dict) or spec.get("completionMode") != "Indexed":
+        return False
+    ann = _path(p.pod, "metadata", "annotations")
+    if not isinstance(ann, dict) or userkeys.JOB_GPUS in ann:
+        return False  # the user's own value wins (the annotations rule judges it)
+    ann[userkeys.JOB_GPUS] = str(s.job.gpus)
     return True
 
 
@@ -463,8 +601,9 @@ def _registry() -> tuple[Mutation, ...]:
         ("gpu-slice", gpu_slice, frozenset({RESOURCES, NODE_SELECTION})),
         ("training-pool", training_pool, frozenset({NODE_SELECTION})),
         ("online-exclusive", online_exclusive, frozenset({NODE_SELECTION})),
-        ("training-rack", training_rack, frozenset({POD_AFFINITY, METADATA})),  # + our job label
+        ("training-rack", training_rack, frozenset({POD_AFFINITY, METADATA, NODE_SELECTION})),  # + our job label
         ("training-node-pack", training_node_pack, frozenset({POD_AFFINITY, METADATA})),
+        ("job-size", job_size, frozenset({METADATA})),
         ("inference-spread", inference_spread, frozenset({SCHEDULING})),
         ("gpu-toleration", gpu_toleration, frozenset({SCHEDULING})),
         ("scheduler-queue", scheduler_queue, frozenset({SCHEDULING, METADATA})),  # queue labels / annotation

@@ -57,6 +57,16 @@ class PodAsk:
     def resource_names(self) -> set[str]:
         return {name for c in self.containers for name in c.amounts}
 
+    def units(self) -> dict[str, int]:
+        """Units of each GPU resource the pod holds on its node: the app containers' sum, or the largest
+        init container's when larger (as the scheduler counts a pod's request)."""
+        out: dict[str, int] = {}
+        for name in self.resource_names():
+            app = sum(c.amounts.get(name, 0) for c in self.containers if not c.init)
+            init = max((c.amounts.get(name, 0) for c in self.containers if c.init), default=0)
+            out[name] = max(app, init)
+        return out
+
 
 def parse_count(value: Any) -> int | None:
     """An extended-resource amount: a whole, non-negative integer (as int or decimal string)."""

@@ -10,9 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies import comm
+from policies import comm, placement
 from policies.classify import classify
-from policies.mutations import has_queue, has_rack_constraint, larger_than_any_rack
+from policies.mutations import (
+    allreduce_estimate,
+    has_queue,
+    has_rack_constraint,
+    larger_than_any_rack,
+    no_domain_fits_note,
+    prefers_domain,
+)
 from policies.quantity import format_bytes
 from policies.resources import GPU, is_mig, is_shared, pod_ask
 from policies.subject import Pod, Subject, meta_map
@@ -41,18 +48,8 @@ def _training_pods(s: Subject) -> list[Pod]:
 
 
 def _penalty(s: Subject) -> str:
-    per_node = s.inventory.max_whole_gpus or 8
-    c = s.policy.comm
-    bw = comm.Bandwidths(
-        nvlink_gbps=c.nvlink_gbps,
-        network_gbps=c.network_gbps,
-        cross_rack_oversubscription=c.cross_rack_oversubscription,
-    )
-    gpus = max(s.job.gpus, 2)
-    try:
-        return comm.penalty_phrase(comm.placement_estimate(c.message_bytes, gpus, per_node, bw))
-    except ValueError:
-        return ""
+    est = allreduce_estimate(s)
+    return comm.penalty_phrase(est) if est is not None else ""
 
 
 def training_same_rack(s: Subject) -> list[Violation]:
@@ -61,11 +58,20 @@ def training_same_rack(s: Subject) -> list[Violation]:
     pods = _training_pods(s)
     if not pods or not s.job.multi_pod:
         return []
-    if larger_than_any_rack(s) or (s.inventory.empty and not s.inventory.rack_label):
-        return []  # cannot be met in one rack / nothing known to place by: training-topology-scheduler speaks
     missing = [p for p in pods if not has_rack_constraint(s, p)]
     if not missing:
-        return []
+        return []  # (first: the common case, a pod of a pinned template, decides no placement at all)
+    if larger_than_any_rack(s) or (s.inventory.empty and not s.inventory.rack_label):
+        return []  # cannot be met in one rack / nothing known to place by: training-topology-scheduler speaks
+    d = s.placement
+    if d is not None and d.source == placement.NONE_FITS_NOW and s.inventory.rack_label:
+        if s.policy.when_no_domain_fits == "prefer" and all(prefers_domain(p, d.key) for p in missing):
+            # The webhook's own fallback: no rack holds the gang now, a required term would strand it. Said
+            # here too: a workload's /validate call is the one whose warnings kubectl shows.
+            s.notes.append(no_domain_fits_note(s, d))
+            return []
+        if s.policy.when_no_domain_fits == "deny":
+            return [_no_domain_fits(s, d)]
     roles = ", ".join(sorted({p.template.role for p in missing}))
     size = f"{s.job.gpus} GPUs" if s.job.gpus else "multi-pod"
     penalty = _penalty(s)
@@ -86,6 +92,16 @@ def training_same_rack(s: Subject) -> list[Violation]:
         f"or enable the training-rack mutation"
     )
     return [Violation(found, fix)]
+
+
+def _no_domain_fits(s: Subject, d: placement.Decision) -> Violation:
+    gang = s.job.sizes
+    shape = f"{len(gang)}x{gang[0]}" if gang and len(set(gang)) == 1 else f"{len(gang)}-pod"
+    found = (
+        f"no {d.key} has room for the {s.job.gpus}-GPU job ({shape} GPUs) now; {d.closest} would once "
+        f"{d.shortfall} more GPUs free up there"
+    )
+    return Violation(found, "retry when GPUs free up, or set placement.whenNoDomainFits: prefer in the policy")
 
 
 def training_topology_scheduler(s: Subject) -> list[Violation]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies import userkeys
+from policies import placement, userkeys
 from policies.classify import classify, default_latency
 from policies.document import Policy
 from policies.inventory import Inventory, NodeSet
@@ -47,6 +47,10 @@ class ReviewContext:
     namespace_labels: Mapping[str, str] | None = None
     resolve: Resolver | None = None
     operation: str = "CREATE"
+    namespace: str = ""  # the request's namespace (a pod's metadata may not carry it yet)
+    # The pod view (None: none, placement falls back to the static rule) and every job's reservation.
+    capacity: placement.Capacity | None = None
+    reservations: tuple[placement.Reservation, ...] = ()
 
 
 @dataclass
@@ -103,6 +107,7 @@ class Job:
     gpus: int
     multi_pod: bool
     gpus_known: bool = True
+    sizes: tuple[int, ...] = ()  # GPUs of each pod of the gang, when known (placement.gang_sizes)
 
 
 @dataclass
@@ -119,6 +124,8 @@ class Subject:
     _gpu_pods: list[Pod] | None = None
     _obj_keys: userkeys.UserKeys = field(default_factory=userkeys.UserKeys)
     _job: Job | None = None
+    _placement: placement.Decision | bool | None = False  # False: not decided yet
+    pinned: placement.Decision | None = None  # the decision training-rack pinned the job's rack by
 
     @property
     def job(self) -> Job:
@@ -141,6 +148,8 @@ class Subject:
             self._gpu_pods = None
         if RESOURCES in touched or METADATA in touched:
             self._job = None
+        if not {RESOURCES, METADATA, NODE_SELECTION}.isdisjoint(touched):
+            self._placement = False
         rack = not _RACK_INPUTS.isdisjoint(touched)
         for p in self.pods:
             if RESOURCES in touched:
@@ -149,6 +158,20 @@ class Subject:
                 p._candidates = None
             if rack:
                 p._rack_constraint = None
+
+    @property
+    def placement(self) -> placement.Decision | None:
+        """Where the job's gang goes on the rack label (None: not a multi-pod job of known identity, or no
+        rack label). Decided once per review, again only after a mutation changed what it reads."""
+        if self._placement is False:
+            self._placement = _decide_placement(self)
+        return self._placement if isinstance(self._placement, placement.Decision) else None
+
+    def job_id(self) -> str | None:
+        job = self.job
+        if job.key is None or job.value is None:
+            return None
+        return placement.job_id(self.ctx.namespace or self.namespace, job.key, job.value)
 
     @property
     def workload(self) -> str | None:
@@ -189,22 +212,67 @@ def build(obj: Json, policy: Policy, inventory: Inventory, ctx: ReviewContext) -
     return Subject(kind, obj, name, namespace, pods, policy, inventory, ctx, _obj_keys=obj_keys)
 
 
+def job_label(labels: Mapping[str, Any]) -> str | None:
+    """The label that names a bare pod's job, most specific first."""
+    return next((k for k in (OWN_JOB_LABEL, *POD_JOB_LABELS) if isinstance(labels.get(k), str)), None)
+
+
+def pod_facts(pod: Mapping[str, Any]) -> tuple[dict[str, int], str | None]:
+    """What the pod view keeps of a pod: GPU units per resource, and its job (placement.job_id)."""
+    if not isinstance(pod, dict):
+        raise ValueError("pod is not an object")
+    units = pod_ask(pod).units()
+    labels = meta_map(pod, "labels")
+    key = job_label(labels)
+    job = placement.job_id(meta_str(pod, "namespace"), key, labels[key]) if key else None
+    return units, job
+
+
+def _decide_placement(s: Subject) -> placement.Decision | None:
+    key = s.inventory.rack_label
+    job = s.job
+    jid = s.job_id()
+    pods = [p for p in s.gpu_pods if p.workload == "training" and p.ask.whole_gpus > 0]
+    if key is None or jid is None or not job.multi_pod or not pods:
+        return None
+    if any(p.keys.gpu_memory is not None for p in s.gpu_pods):
+        return None  # gpu-slice picks their GPU among the candidates: narrowing the racks would change its pick
+    inv, cands, cap, held = s.inventory, pods[0].candidates(s.inventory), s.ctx.capacity, s.ctx.reservations
+
+    def decide() -> tuple[Any, ...]:
+        nodes = placement.group(cands, key, cap)
+        return (inv, cands, placement.decide(nodes, key, job.sizes, cap, held, jid))
+
+    # Once per snapshot of the pod view (or inventory) for each job and gang: the pods of one job share it.
+    # The value holds the inventory whose id is in the key (no id is reused while cached); the candidates
+    # are a bitmask over its nodes. Grouping them is O(candidates), once per snapshot and job.
+    memo_key = ("decide", id(inv), key, cands.mask, job.sizes, held, jid)
+    store = cap if cap is not None else inv
+    return store.memo(memo_key, decide)[2]  # type: ignore[no-any-return]
+
+
 def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkeys.UserKeys) -> Job:
     gpu_pods = [p for p in pods if p.ask.asks_gpu]
     job_gpus = next((p.keys.job_gpus for p in pods if p.keys.job_gpus), None) or obj_keys.job_gpus
     if kind == "Pod":
         pod = pods[0] if pods else None
         labels = pod.labels() if pod else {}
-        key = next((k for k in (OWN_JOB_LABEL, *POD_JOB_LABELS) if isinstance(labels.get(k), str)), None)
+        key = job_label(labels)
         per_pod = pod.ask.whole_gpus if pod else 0
         distributed = any(k in labels for k in _DISTRIBUTED_POD_LABELS)
         multi = (job_gpus is not None and job_gpus > per_pod) or distributed
+        if job_gpus is not None and job_gpus <= per_pod:
+            multi = False  # the whole job is this one pod (a 1-pod indexed Job, say): nothing to co-locate
         known = job_gpus is not None or not multi
-        return Job(key, labels.get(key) if key else None, 2 if multi else 1, job_gpus or per_pod, multi, known)
+        gang = placement.gang_sizes(job_gpus, per_pod) if job_gpus is not None and multi else ()
+        return Job(key, labels.get(key) if key else None, 2 if multi else 1, job_gpus or per_pod, multi, known, gang)
     total_pods = sum(p.template.replicas for p in gpu_pods)
     total_gpus = sum(p.template.replicas * p.ask.whole_gpus for p in gpu_pods)
     key = JOB_IDENTITY_LABEL.get(kind) or OWN_JOB_LABEL
     value = name or None
     if kind == "CronJob":
         value = name or None
-    return Job(key if value else None, value, total_pods, job_gpus or total_gpus, total_pods > 1)
+    sizes: tuple[int, ...] = ()
+    if 1 < total_pods <= placement.MAX_GANG_PODS:
+        sizes = tuple(p.ask.whole_gpus for p in gpu_pods for _ in range(p.template.replicas) if p.ask.whole_gpus > 0)
+    return Job(key if value else None, value, total_pods, job_gpus or total_gpus, total_pods > 1, sizes=sizes)

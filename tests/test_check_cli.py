@@ -232,7 +232,9 @@ def test_missing_policy_file(tmp_path: Path) -> None:
 
 def test_nodes_file_with_other_kinds(tmp_path: Path) -> None:
     good = write(tmp_path, "pod.yaml", dump(gpu_pod("p")))
-    assert_usage_error(cli("check", "-f", str(good), "--nodes", str(good)), "expected Node objects", "'Pod'")
+    other = write(tmp_path, "cm.yaml", dump(CONFIGMAP))
+    assert_usage_error(cli("check", "-f", str(good), "--nodes", str(other)), "expected Node (or Pod)", "'ConfigMap'")
+    assert_usage_error(cli("check", "-f", str(good), "--pods", str(other)), "expected Pod objects", "'ConfigMap'")
 
 
 # --- the JSON output (spec §8) ---------------------------------------------------------------------------------
@@ -499,3 +501,36 @@ def test_policy_diff_no_change() -> None:
 def test_policy_diff_invalid_side(tmp_path: Path) -> None:
     bad = write(tmp_path, "bad.yaml", "apiVersion: gpu-admission.io/v1alpha1\nkind: Policy\nfailureMode: maybe\n")
     assert_usage_error(cli("policy", "diff", str(DEFAULT_POLICY), str(bad)), "failureMode")
+
+
+# --- the pod view (--pods) ------------------------------------------------------------------------------------
+
+PLACEMENT = ROOT / "examples" / "placement"
+
+
+def test_pods_file_gives_capacity_aware_placement_and_garbage_pods_are_skipped_and_counted(tmp_path: Path) -> None:
+    good = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "c", "namespace": "x"},
+        "spec": {
+            "nodeName": "h100-big-1",
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 4}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    bad = [
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "x"}, "spec": [1, 2]},
+        {**good, "metadata": {"name": "b", "namespace": "x"}, "spec": {**good["spec"], "nodeName": 7}},
+    ]
+    pods = write(tmp_path, "pods.yaml", dump({"apiVersion": "v1", "kind": "List", "items": [*bad, good]}))
+    job = str(PLACEMENT / "job-4x8.yaml")
+    racks = str(PLACEMENT / "racks.yaml")
+    result = cli("check", "-f", job, "--nodes", racks, "--pods", str(pods), "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "gpu-admission: warning: skipped 2 pod entries that could not be read"
+    # the one good pod holds 4 GPUs of rack-big: no rack holds 4x8 now, so prefer (no required rack)
+    (out,) = json.loads(result.stdout)
+    assert any(w.startswith("placement: no rack holds the 32-GPU job now") for w in out["warnings"])
+    without = json.loads(cli("check", "-f", job, "--nodes", racks, "-o", "json").stdout)[0]
+    assert not any(w.startswith("placement:") for w in without["warnings"])  # no pod view: the static rule

@@ -944,15 +944,14 @@ def test_server_rbac_is_read_only(rendered: list[dict[str, Any]]) -> None:
             granted |= {(g, r) for r in rule["resources"]}
         if "configmaps" in rule["resources"]:
             assert scope == NS and rule.get("resourceNames") == [POLICY_CM], rule
-    assert ("", "nodes") in granted and ("", "namespaces") in granted
+    assert ("", "nodes") in granted and ("", "namespaces") in granted and ("", "pods") in granted
     assert ("autoscaling", "horizontalpodautoscalers") in granted and ("keda.sh", "scaledobjects") in granted
     assert ("", "configmaps") in granted
     allowed = {
         ("", "nodes"), ("", "namespaces"), ("", "configmaps"), ("autoscaling", "horizontalpodautoscalers"),
-        ("keda.sh", "scaledobjects"),
+        ("keda.sh", "scaledobjects"), ("", "pods"),
     } | WORKLOAD_KINDS_RESOURCES  # fmt: skip
     assert granted <= allowed, f"unexpected grants: {granted - allowed}"
-    assert ("", "pods") not in granted
 
 
 def test_certs_rbac_is_minimal() -> None:

@@ -52,7 +52,7 @@ ALLOWED: dict[str, dict[str, Expect]] = {
     },
     "training/indexed-job.yaml": {
         "Service/ddp-resnet50": NOT_HANDLED,
-        "Job/ddp-resnet50": expect("training", ("training-pool", "training-rack", "training-node-pack")),
+        "Job/ddp-resnet50": expect("training", ("training-pool", "training-rack", "training-node-pack", "job-size")),
     },
     "training/jobset.yaml": {
         # Kueue podset-required-topology at rack level: no second same-rack constraint is layered on top.
@@ -67,7 +67,7 @@ ALLOWED: dict[str, dict[str, Expect]] = {
         "Pod/phi3-mini-demo": expect("inference", ("gpu-slice",)),
     },
     "batch/timesliced-job.yaml": {
-        "Job/catalogue-embeddings-nightly": expect("batch"),
+        "Job/catalogue-embeddings-nightly": expect("batch", ("job-size",)),
     },
 }
 

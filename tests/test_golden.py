@@ -19,16 +19,22 @@ import jsonpatch
 import pytest
 import yaml
 
+from cluster.pods import PodView
 from policies import inventory as inventory_mod
 from policies.document import MUTATION_IDS, RULE_IDS, Policy, compile_policy, default_policy_text
 from policies.engine import WARNING_LIMIT, Review, ReviewContext, review
+from policies.placement import Capacity
+from policies.subject import pod_facts
+from webhook.state import capacity_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).resolve().parent / "cases"
 DEFAULT_NODES = "examples/cluster/nodes.yaml"
 FOLDERS = ("mutations", "rules", "kinds", "bad-input", "namespaces", "elasticity", "clusters")
 
-CASE_KEYS = frozenset({"description", "nodes", "policy", "namespaceLabels", "related", "input", "expect", "xfail"})
+CASE_KEYS = frozenset(
+    {"description", "nodes", "pods", "policy", "namespaceLabels", "related", "input", "expect", "xfail"}
+)
 EXPECT_KEYS = frozenset(
     {
         "allowed",
@@ -120,6 +126,18 @@ def inventory_for(nodes: Any, policy: Policy) -> inventory_mod.Inventory:
     return inventory_mod.build(copy.deepcopy(objects), policy)
 
 
+def capacity_for(pods: list[Any] | str | None) -> Capacity | None:
+    """The pod view of the case's `pods` (a list of Pods, or a file of them relative to the repository), as
+    the server keeps it; None without the key (placement by allocatable only, as `check` without --pods)."""
+    if pods is None:
+        return None
+    if isinstance(pods, str):
+        pods = list(_node_objects(pods))
+    view = PodView(pod_facts)
+    view.load({str(i): copy.deepcopy(p) for i, p in enumerate(pods)})
+    return capacity_of(view.snapshot())
+
+
 def resolver(related: list[Any]) -> Callable[[str, str, str], dict[str, Any] | None]:
     """Targets of HPAs / ScaledObjects, looked up like `check` does in its input set."""
     index: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -137,7 +155,11 @@ def resolver(related: list[Any]) -> Callable[[str, str, str], dict[str, Any] | N
 def run_case(case: dict[str, Any], obj: Any) -> tuple[Review, Policy, inventory_mod.Inventory, ReviewContext]:
     policy = policy_for(case.get("policy"))
     inv = inventory_for(case.get("nodes", DEFAULT_NODES), policy)
-    ctx = ReviewContext(namespace_labels=case.get("namespaceLabels"), resolve=resolver(case.get("related") or []))
+    ctx = ReviewContext(
+        namespace_labels=case.get("namespaceLabels"),
+        resolve=resolver(case.get("related") or []),
+        capacity=capacity_for(case.get("pods")),
+    )
     return review(obj, policy=policy, inventory=inv, ctx=ctx), policy, inv, ctx
 
 

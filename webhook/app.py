@@ -250,7 +250,15 @@ def create_app(
         if obj.get("kind") == "Pod" and req.operation != "CREATE":
             return admission.response(req.uid, allowed=True), None  # pod specs are immutable after create
         ns = req.namespace or _meta(obj, "namespace")
-        ctx = ReviewContext(namespace_labels=snap.namespaces.get(ns), resolve=snap.resolve, operation=req.operation)
+        capacity = state.capacity()
+        ctx = ReviewContext(
+            namespace_labels=snap.namespaces.get(ns),
+            resolve=snap.resolve,
+            operation=req.operation,
+            namespace=ns,
+            capacity=capacity,
+            reservations=state.reservations.active(),
+        )
 
         def run() -> Review:
             return review(
@@ -280,6 +288,8 @@ def create_app(
                 log.error("rule failed", extra={"uid": req.uid, "rule": res.rule, "detail": res.message})
         for mid in r.mutations:
             m.inc("gpu_admission_mutations_total", (("mutation", mid),))
+        if r.placement is not None and r.allowed and webhook != "validate" and not req.dry_run:
+            state.reservations.record(r.placement, policy.reservation_seconds)  # a dry run reserves nothing
         if webhook == "mutate":
             allowed = r.allowed  # only an internal error failing closed denies at the mutating stage
             out = admission.response(
@@ -497,6 +507,22 @@ def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) ->
         "Time spent applying node event batches to the inventory",
         lambda: [((), state.node_batches.apply_seconds)] if state.node_batches is not None else [],
         kind="counter",
+    )
+    m.gauge(
+        "gpu_admission_pod_view_skipped_total",
+        "Pod objects the pod view could not read (skipped, not counted as holding GPUs)",
+        lambda: [((), float(state.pods.skipped if state.pods is not None else 0))],
+        kind="counter",
+    )
+    m.gauge(
+        "gpu_admission_pod_view_gpu_pods",
+        "GPU pods in the pod view (placement's capacity view)",
+        lambda: [((), float(state.pods.snapshot().pods if state.pods is not None else 0))],
+    )
+    m.gauge(
+        "gpu_admission_placement_reservations",
+        "Jobs whose pinned domain holds GPUs reserved until their pods bind",
+        lambda: [((), float(len(state.reservations)))],
     )
     if cfg.cert_status is not None:
         status = cfg.cert_status

@@ -9,11 +9,16 @@ from typing import Any
 import orjson
 import yaml
 
+from cluster.pods import PodView
 from policies import inventory as inventory_mod
 from policies.document import Policy, PolicyError, default_policy, parse_policy_text
 from policies.engine import Review, ReviewContext, review
+from policies.placement import Capacity
+from policies.subject import pod_facts
 from webhook.cli import UsageError
 from webhook.manifests import ManifestError, load_objects
+from webhook.reservations import Reservations
+from webhook.state import capacity_of
 
 
 def register(sub: Any) -> None:
@@ -26,7 +31,10 @@ def register(sub: Any) -> None:
     p.add_argument("-f", "--filename", action="append", required=True, metavar="PATH",
                    help="file, directory or - for stdin (repeatable)")  # fmt: skip
     p.add_argument("--policy", metavar="FILE", help="policy document (default: the built-in policy)")
-    p.add_argument("--nodes", metavar="FILE", help="Nodes (kubectl get nodes -o yaml) to decide with")
+    p.add_argument("--nodes", metavar="FILE", help="Nodes (kubectl get nodes -o yaml) to decide with; Pods in it "
+                   "feed the pod view like --pods")  # fmt: skip
+    p.add_argument("--pods", metavar="FILE", action="append",
+                   help="Pods (kubectl get pods -A -o yaml): GPUs they hold, for placement (repeatable)")  # fmt: skip
     p.add_argument("--no-mutate", action="store_true", help="validate the objects as given")
     p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     p.set_defaults(func=run)
@@ -48,17 +56,40 @@ def load_policy(path: str | None) -> Policy:
         raise UsageError(f"policy {path}: {exc}") from None
 
 
-def load_inventory(path: str | None, policy: Policy) -> inventory_mod.Inventory:
+def load_cluster(path: str | None, policy: Policy) -> tuple[inventory_mod.Inventory, list[dict[str, Any]]]:
+    """The inventory from a nodes file, and the Pods that file also holds (kubectl get nodes,pods)."""
     if not path:
-        return inventory_mod.build((), policy)
+        return inventory_mod.build((), policy), []
     try:
-        nodes = load_objects([path])
+        objects = load_objects([path])
     except ManifestError as exc:
         raise UsageError(f"nodes: {exc}") from None
-    not_nodes = [o for o in nodes if o.get("kind") != "Node"]
-    if not_nodes:
-        raise UsageError(f"nodes {path}: expected Node objects, found kind {not_nodes[0].get('kind')!r}")
-    return inventory_mod.build(nodes, policy)
+    other = [o for o in objects if o.get("kind") not in ("Node", "Pod")]
+    if other:
+        raise UsageError(f"nodes {path}: expected Node (or Pod) objects, found kind {other[0].get('kind')!r}")
+    nodes = [o for o in objects if o.get("kind") == "Node"]
+    return inventory_mod.build(nodes, policy), [o for o in objects if o.get("kind") == "Pod"]
+
+
+def load_pods(paths: list[str] | None, extra: list[dict[str, Any]]) -> Capacity | None:
+    """The pod view from --pods files (and the nodes file's Pods); None when neither gave any."""
+    objects = list(extra)
+    for path in paths or []:
+        try:
+            loaded = load_objects([path])
+        except ManifestError as exc:
+            raise UsageError(f"pods: {exc}") from None
+        other = [o for o in loaded if o.get("kind") != "Pod"]
+        if other:
+            raise UsageError(f"pods {path}: expected Pod objects, found kind {other[0].get('kind')!r}")
+        objects += loaded
+    if not paths and not objects:
+        return None
+    view = PodView(pod_facts)
+    view.load({str(i): o for i, o in enumerate(objects)})
+    if view.skipped:
+        print(f"gpu-admission: warning: skipped {view.skipped} pod entries that could not be read", file=sys.stderr)
+    return capacity_of(view.snapshot())
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -85,7 +116,10 @@ def element(obj: dict[str, Any], r: Review) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
-    inv = load_inventory(args.nodes, policy)
+    inv, node_file_pods = load_cluster(args.nodes, policy)
+    capacity = load_pods(args.pods, node_file_pods)
+    # Jobs pinned earlier in the input hold their GPUs for the later ones, as the server's reservations do.
+    reservations = Reservations(clock=lambda: 0.0)
     try:
         objects = load_objects(args.filename)
     except ManifestError as exc:
@@ -108,12 +142,21 @@ def run(args: argparse.Namespace) -> int:
         )
     for w in inv.warnings:
         print(f"gpu-admission: warning: {w}", file=sys.stderr)
+
     out = []
     handled: list[bool] = []
     for obj in objects:
         ns = str((obj.get("metadata") or {}).get("namespace") or "default")
-        ctx = ReviewContext(namespace_labels=namespaces.get(ns), resolve=resolve)
+        ctx = ReviewContext(
+            namespace_labels=namespaces.get(ns),
+            resolve=resolve,
+            namespace=ns,
+            capacity=capacity,
+            reservations=reservations.active(),
+        )
         r = review(obj, policy=policy, inventory=inv, ctx=ctx, mutate=not args.no_mutate)
+        if r.placement is not None and r.allowed:
+            reservations.record(r.placement, policy.reservation_seconds)
         out.append(element(obj, r))
         handled.append(r.handled)
     if args.output == "json":

@@ -208,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             state.watch_nodes(client)
         state.watch_namespaces(client)
         state.watch_targets(client)
+        state.watch_pods(client)
     elif cm:
         raise UsageError("--policy-configmap needs a cluster (drop --no-kube)")
     audit = audit_mod.from_args(args)

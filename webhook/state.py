@@ -20,9 +20,14 @@ from typing import Any
 
 from cluster.coalesce import Coalescer
 from cluster.nodes import NodeTransform
+from cluster.pods import PodSnapshot, PodView
 from policies import inventory as inventory_mod
 from policies.document import Policy, PolicyError, default_policy, parse_policy_text
 from policies.inventory import Inventory
+from policies.placement import Capacity
+from policies.resources import GPU
+from policies.subject import pod_facts
+from webhook.reservations import Reservations
 
 log = logging.getLogger("gpu-admission.state")
 
@@ -72,6 +77,11 @@ class State:
         self._reflectors: list[Any] = []
         self._targets: dict[str, Any] = {}
         self.on_policy_change: list[Callable[[Policy], None]] = []
+        # The pod view (None until watch_pods / load_pods): free GPUs for placement.
+        self.pods: PodView | None = None
+        self.pods_source = "none"
+        self._capacity: Capacity | None = None
+        self.reservations = Reservations()
 
     def snapshot(self) -> Snapshot:
         return self._snap
@@ -132,6 +142,24 @@ class State:
         with self._lock:
             s = self._snap
             self._snap = Snapshot(s.policy, s.inventory, s.namespaces, resolve)
+
+    def capacity(self) -> Capacity | None:
+        """The pod view as the engine's Capacity, rebuilt only when the view changed (None: no view)."""
+        view = self.pods
+        if view is None:
+            return None
+        snap = view.snapshot()
+        cap = self._capacity
+        if cap is None or cap.version != snap.version:
+            cap = self._capacity = capacity_of(snap)
+        return cap
+
+    def load_pods(self, objects: list[dict[str, Any]], source: str) -> PodView:
+        """A pod view from a fixed set of pods (a file): synced at once."""
+        view = PodView(pod_facts, on_bound=self.reservations.bound)
+        view.load({f"{i}": obj for i, obj in enumerate(objects)})
+        self.pods, self.pods_source = view, source
+        return view
 
     # -- sources --------------------------------------------------------------------------------------
 
@@ -248,6 +276,25 @@ class State:
         self._reflectors.append(refl.start())
         return refl
 
+    def watch_pods(self, client: Any) -> Any:
+        """Keep the pod view current from a Pod list + watch over all namespaces (read-only)."""
+        from cluster.pods import slim
+        from cluster.reflector import Reflector
+
+        view = PodView(pod_facts, on_bound=self.reservations.bound)
+        # Terminated pods hold nothing: the API server filters them out (phase is a supported field).
+        refl = Reflector(
+            client,
+            "/api/v1/pods",
+            name="pods",
+            on_change=view.apply,
+            field_selector="status.phase!=Succeeded,status.phase!=Failed",
+            transform=slim,
+        )
+        self.pods, self.pods_source = view, "watch:pods"
+        self._reflectors.append(refl.start())
+        return refl
+
     def watch_targets(self, client: Any) -> None:
         from cluster.reflector import Reflector
 
@@ -280,12 +327,24 @@ class State:
                 "warnings": list(inv.warnings),
             },
             "namespacesSynced": self.status.namespaces_synced,
+            "podView": self._pod_view_details(),
             **self.status.extra,
         }
         ok = (self.status.inventory_synced or self.status.inventory_source == "none") and self.status.namespaces_synced
         if self.status.policy_source.startswith("configmap:") and self.status.policy_loaded_at == 0.0:
             ok = False
         return ok, details
+
+    def _pod_view_details(self) -> dict[str, Any]:
+        view = self.pods
+        if view is None:
+            return {"source": "none", "synced": False, "note": "no pod view: placement by allocatable only"}
+        snap = view.snapshot()
+        details: dict[str, Any] = {"source": self.pods_source, "synced": snap.synced, "gpuPods": snap.pods}
+        details["skipped"] = snap.skipped
+        if not snap.synced:
+            details["note"] = "pod view not synced yet: placement by allocatable only"
+        return details
 
     def stop(self) -> None:
         self._stop.set()
@@ -328,6 +387,11 @@ def _trim() -> None:
     peak). A no-op where there is no glibc."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def capacity_of(snap: PodSnapshot) -> Capacity:
+    """The engine's view of a pod snapshot: whole GPUs held per node, and where each job's pods are."""
+    return Capacity(used=snap.used_of(GPU), jobs=snap.jobs, synced=snap.synced, version=snap.version)
 
 
 def _stat(path: str) -> tuple[float, int, int] | None:

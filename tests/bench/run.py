@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from tests.bench import common
 
-PARTS = ("engine", "server", "apiserver", "apiprofile", "scale")
+PARTS = ("engine", "server", "apiserver", "apiprofile", "scale", "placement")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             result = apiserver.run(quick=ns.quick, variant=ns.variant, placement=ns.placement)
             path = common.write_json("apiserver" + suffix, result)
+        elif part == "placement":
+            from tests.bench import placement
+
+            result = placement.run(quick=ns.quick)
+            path = common.write_json("placement", result)
         else:
             from tests.bench import apiprofile
 

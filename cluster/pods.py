@@ -1,0 +1,196 @@
+"""The pod view: GPUs held per node and where each job's pods are bound, kept from a Pod list + watch.
+
+Only what placement needs is kept per pod (`PodEntry`: node, GPU requests per resource, phase, job), and
+every change costs O(1): the pod's old entry is taken out of the per-node and per-job counts and its new one
+put in. Pods that ended (Succeeded, Failed) or were deleted free their GPUs; an unbound pod holds none yet.
+
+Readers get an immutable `PodSnapshot`, built at most once per change of the view (on the first read after
+it), so a review never walks the pods. What a pod's GPUs and job are is the caller's to say (`read`): this
+layer knows no GPU resource names or job labels (those are policies/'s). A pod `read` cannot make sense
+of is skipped and counted, never raised.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from cluster.reflector import Change
+
+TERMINATED = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class PodEntry:
+    node: str  # "" while unbound
+    gpus: Mapping[str, int]  # resource -> units requested by the pod (only GPU resources, only non-zero)
+    job: str | None  # job identity (namespace included), None for a pod of no job
+    phase: str = ""
+
+    @property
+    def holding(self) -> bool:
+        """Holds its GPUs on its node: bound and not terminated."""
+        return bool(self.node) and self.phase not in TERMINATED
+
+
+# (pod object) -> (GPU units per resource, job id or None); raises ValueError/TypeError on garbage.
+Reader = Callable[[Mapping[str, Any]], tuple[Mapping[str, int], str | None]]
+
+
+@dataclass(frozen=True)
+class PodSnapshot:
+    version: int
+    synced: bool
+    used: Mapping[str, Mapping[str, int]]  # node -> resource -> units held
+    jobs: Mapping[str, Mapping[str, int]]  # job -> node -> pods of the job bound there (holding)
+    pods: int  # GPU pods known
+    skipped: int  # pod objects `read` could not make sense of, since start
+    _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def used_of(self, resource: str) -> Mapping[str, int]:
+        """node -> units of one resource held (computed once per snapshot)."""
+        hit = self._derived.get(resource)
+        if hit is None:
+            hit = self._derived[resource] = MappingProxyType(
+                {node: n for node, per in self.used.items() if (n := per.get(resource, 0))}
+            )
+        return hit
+
+
+def entry(obj: Any, read: Reader) -> PodEntry | None:
+    """The entry of one pod object; None when it asks for no GPU. Raises ValueError on garbage."""
+    if not isinstance(obj, dict):
+        raise ValueError("pod is not an object")
+    spec = obj.get("spec")
+    status = obj.get("status") or {}
+    if not isinstance(spec, dict) or not isinstance(status, dict):
+        raise ValueError("pod spec or status is not an object")
+    gpus, job = read(obj)
+    gpus = {r: int(n) for r, n in gpus.items() if n}
+    if not gpus:
+        return None
+    node = spec.get("nodeName") or ""
+    phase = status.get("phase") or ""
+    if not isinstance(node, str) or not isinstance(phase, str):
+        raise ValueError("pod nodeName or phase is not a string")
+    return PodEntry(node, MappingProxyType(gpus), job, phase)
+
+
+def slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a pod object the view reads (a Reflector transform: the cache keeps no more)."""
+    meta = obj.get("metadata")
+    spec = obj.get("spec")
+    status = obj.get("status")
+    if not isinstance(meta, dict) or not isinstance(spec, dict):
+        return obj  # garbage stays garbage: `entry` counts it
+    out_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+    for key in ("containers", "initContainers"):
+        items = spec.get(key)
+        if isinstance(items, list):
+            out_spec[key] = [{"resources": c.get("resources")} if isinstance(c, dict) else c for c in items]
+    keep = ("name", "namespace", "resourceVersion", "labels")
+    return {
+        "metadata": {k: meta[k] for k in keep if k in meta},
+        "spec": out_spec,
+        "status": {"phase": status.get("phase")} if isinstance(status, dict) else {},
+    }
+
+
+class PodView:
+    """Counts kept from pod changes (`apply`, e.g. a Reflector's on_change); `snapshot()` to read."""
+
+    def __init__(self, read: Reader, on_bound: Callable[[str], None] | None = None) -> None:
+        self._read = read
+        # Told the job of every pod that starts holding its GPUs (bound), on the applying thread, unlocked.
+        self._on_bound = on_bound
+        self._lock = threading.Lock()
+        self._entries: dict[str, PodEntry] = {}
+        self._used: dict[str, dict[str, int]] = {}
+        self._jobs: dict[str, dict[str, int]] = {}
+        self._version = 0
+        self._synced = False
+        self.skipped = 0
+        self._snap: PodSnapshot | None = None
+
+    # -- updates ------------------------------------------------------------------------------------------
+
+    def apply(self, change: Change) -> None:
+        if change.type == "SYNCED":
+            with self._lock:
+                self._synced = True
+                self._version += 1
+            return
+        new: PodEntry | None = None
+        if change.new is not None:
+            try:
+                new = entry(change.new, self._read)
+            except (ValueError, TypeError, AttributeError):
+                with self._lock:
+                    self.skipped += 1
+                    self._version += 1
+                new = None  # garbage: forget what we knew of this key, like a deletion
+        with self._lock:
+            old = self._entries.pop(change.key, None)
+            if old is not None:
+                self._count(old, -1)
+            if new is not None:
+                self._entries[change.key] = new
+                self._count(new, +1)
+            if old is not None or new is not None:
+                self._version += 1
+        started = new is not None and new.job and new.holding and (old is None or not old.holding)
+        if self._on_bound is not None and started and new is not None and new.job:
+            self._on_bound(new.job)
+
+    def load(self, objects: Mapping[str, Any]) -> None:
+        """A whole set of pods at once (a file): key -> pod object. Marks the view synced."""
+        for key, obj in objects.items():
+            self.apply(Change("ADDED", key, None, obj))
+        self.apply(Change("SYNCED", "", None, None))
+
+    def _count(self, e: PodEntry, sign: int) -> None:
+        if not e.holding:
+            return
+        per = self._used.setdefault(e.node, {})
+        for resource, n in e.gpus.items():
+            left = per.get(resource, 0) + sign * n
+            if left:
+                per[resource] = left
+            else:
+                per.pop(resource, None)
+        if not per:
+            del self._used[e.node]
+        if e.job is not None:
+            nodes = self._jobs.setdefault(e.job, {})
+            left = nodes.get(e.node, 0) + sign
+            if left:
+                nodes[e.node] = left
+            else:
+                nodes.pop(e.node, None)
+            if not nodes:
+                del self._jobs[e.job]
+
+    # -- reads --------------------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    def snapshot(self) -> PodSnapshot:
+        snap = self._snap
+        if snap is not None and snap.version == self._version:
+            return snap
+        with self._lock:
+            snap = PodSnapshot(
+                version=self._version,
+                synced=self._synced,
+                used=MappingProxyType({n: MappingProxyType(dict(r)) for n, r in self._used.items()}),
+                jobs=MappingProxyType({j: MappingProxyType(dict(n)) for j, n in self._jobs.items()}),
+                pods=len(self._entries),
+                skipped=self.skipped,
+            )
+        self._snap = snap
+        return snap

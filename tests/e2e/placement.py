@@ -1,0 +1,169 @@
+"""Gang placement on the real control plane: the rack layouts, jobs and waits shared by the placement e2e
+tests (tests/e2e/test_placement_e2e.py) and the placement benchmark (tests/bench/placement.py)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.e2e.cluster import ControlPlane, ControlPlaneError, build_binaries
+from tests.e2e.webhook import Webhook
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+RACK = "topology.kubernetes.io/rack"
+RACKS_FILE = ROOT / "examples" / "placement" / "racks.yaml"
+
+
+def h100_node(name: str, rack: str) -> dict[str, Any]:
+    """An 8x H100 node of the example layout, renamed into `rack`."""
+    doc = yaml.safe_load(RACKS_FILE.read_text())
+    node = copy.deepcopy(doc["items"][0])
+    node["metadata"]["name"] = name
+    node["metadata"]["labels"].update({"kubernetes.io/hostname": name, RACK: rack})
+    return node
+
+
+def layout(sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """Racks of 8-GPU nodes: {"rack-a": 4, "rack-b": 2} -> 6 nodes named <rack>-<i>."""
+    return [h100_node(f"{rack}-{i}", rack) for rack, n in sizes.items() for i in range(1, n + 1)]
+
+
+def start_cluster(nodes: list[dict[str, Any]]) -> ControlPlane:
+    cp = ControlPlane(build_binaries())
+    try:
+        cp.start()
+        cp.create_nodes(nodes)
+    except ControlPlaneError:
+        cp.stop()
+        raise
+    return cp
+
+
+def indexed_job(name: str, pods: int, gpus: int) -> dict[str, Any]:
+    """An Indexed Job of `pods` pods x `gpus` GPUs (the controller creates the pods; the scheduler binds)."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "research"}},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": pods,
+            "parallelism": pods,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"bench": "placement"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def busy_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
+    """A pod already bound to `node` (nodeName set: no scheduling), holding `gpus` GPUs."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "busy"}},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+        },
+    }
+
+
+def new_namespace(cp: ControlPlane, prefix: str, labels: dict[str, str] | None = None) -> str:
+    name = f"{re.sub(r'[^a-z0-9-]+', '-', prefix)[:40]}-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("create", "namespace", name)
+    for k, v in (labels or {}).items():
+        cp.kubectl("label", "namespace", name, f"{k}={v}", "--overwrite")
+    return name
+
+
+def job_pods(cp: ControlPlane, ns: str, job: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cp.get_json("pods", "-n", ns, "-l", f"batch.kubernetes.io/job-name={job}")["items"]
+    return items
+
+
+def wait_placed(
+    cp: ControlPlane, ns: str, job: str, pods: int, timeout: float = 60.0, settle: float = 3.0
+) -> dict[str, Any]:
+    """Wait until the job's `pods` pods exist and are all bound, or until, with all of them created, nothing
+    changed for `settle` seconds while some stay unbound (stranded). Returns {bound: {pod: node}, pending}."""
+    deadline = time.monotonic() + timeout
+    last: tuple[Any, ...] = ()
+    since = time.monotonic()
+    while True:
+        items = job_pods(cp, ns, job)
+        bound = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in items if p["spec"].get("nodeName")}
+        state = (len(items), tuple(sorted(bound.items())))
+        if state != last:
+            last, since = state, time.monotonic()
+        if len(items) >= pods and len(bound) >= pods:
+            return {"bound": bound, "pending": 0}
+        now = time.monotonic()
+        if (len(items) >= pods and now - since > settle) or now > deadline:
+            return {"bound": bound, "pending": max(pods - len(bound), 0)}
+        time.sleep(0.2)
+
+
+def racks_of(nodes: dict[str, str], bound: dict[str, str]) -> set[str]:
+    return {nodes[n] for n in bound.values()}
+
+
+def node_racks(cp: ControlPlane) -> dict[str, str]:
+    return {n["metadata"]["name"]: n["metadata"]["labels"].get(RACK, "?") for n in cp.get_json("nodes")["items"]}
+
+
+def delete_job(cp: ControlPlane, ns: str, job: str, timeout: float = 30.0) -> None:
+    """Delete the Job and force-delete its pods (no kubelet finishes a graceful deletion); wait until gone."""
+    cp.kubectl("delete", "job", job, "-n", ns, "--cascade=orphan", "--wait=false", check=False)
+    deadline = time.monotonic() + timeout
+    while job_pods(cp, ns, job) and time.monotonic() < deadline:
+        cp.kubectl(
+            "delete", "pods", "-n", ns, "-l", f"batch.kubernetes.io/job-name={job}", "--grace-period=0", "--force",
+            "--wait=false", check=False,
+        )  # fmt: skip
+        time.sleep(0.2)
+
+
+def pod_view_gpu_pods(wh: Webhook) -> float:
+    """The webhook's own count of GPU pods in its pod view (gpu_admission_pod_view_gpu_pods)."""
+    assert wh.server is not None
+    with wh.server.client() as c:
+        text = c.get("/metrics").text
+    m = re.search(r"^gpu_admission_pod_view_gpu_pods (\S+)$", text, re.M)
+    return float(m.group(1)) if m else -1.0
+
+
+def wait_pod_view(wh: Webhook, cp: ControlPlane, timeout: float = 20.0) -> None:
+    """Until the webhook's pod view counts exactly the GPU pods the API server has (deletions seen)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        want = sum(
+            1
+            for p in cp.get_json("pods", "-A")["items"]
+            if any("nvidia.com/gpu" in (c.get("resources", {}).get("limits") or {}) for c in p["spec"]["containers"])
+            and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        )
+        if pod_view_gpu_pods(wh) == want:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pod view never caught up: {pod_view_gpu_pods(wh)} vs {want}")
+        time.sleep(0.2)

@@ -1,0 +1,345 @@
+"""Gang-safe placement (issue #11): the pure chooser (policies/placement.py), the engine's use of it through
+training-rack and training-same-rack, the pod view (cluster/pods.py) and the server's reservations.
+
+The cluster is examples/placement/racks.yaml: rack-big (4 nodes x 8 H100) and rack-small (2 nodes x 8)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster.pods import PodView, slim
+from cluster.reflector import Change
+from policies import inventory as inventory_mod
+from policies import placement
+from policies.document import compile_policy, default_policy
+from policies.engine import Placement, Review, ReviewContext, review
+from policies.placement import Capacity, Reservation, decide, group, place, shortfall
+from policies.subject import pod_facts
+from webhook.reservations import Reservations
+from webhook.state import capacity_of
+
+ROOT = Path(__file__).resolve().parent.parent
+EX = ROOT / "examples" / "placement"
+RACK = "topology.kubernetes.io/rack"
+
+
+def load(name: str) -> list[dict[str, Any]]:
+    doc = yaml.safe_load((EX / name).read_text())
+    return list(doc["items"]) if doc.get("kind") == "List" else [doc]
+
+
+NODES = load("racks.yaml")
+INV = inventory_mod.build(NODES, default_policy())
+
+
+def job(name: str, pods: int, gpus: int) -> dict[str, Any]:
+    obj = copy.deepcopy(load("job-4x8.yaml")[0])
+    obj["metadata"]["name"] = name
+    obj["spec"].update(completions=pods, parallelism=pods)
+    obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = str(gpus)
+    return obj
+
+
+def bound_pod(name: str, node: str, gpus: int, job_name: str | None = None, phase: str = "Running") -> dict[str, Any]:
+    labels = {"batch.kubernetes.io/job-name": job_name} if job_name else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml-research", "labels": labels, "resourceVersion": "1"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+        "status": {"phase": phase},
+    }
+
+
+def capacity(*pods: dict[str, Any]) -> Capacity:
+    view = PodView(pod_facts)
+    view.load({f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods})
+    return capacity_of(view.snapshot())
+
+
+def run(obj: dict[str, Any], cap: Capacity | None, reservations: tuple[Reservation, ...] = (), **pol: Any) -> Review:
+    policy = compile_policy({**yaml.safe_load(_default_text()), **pol})
+    ctx = ReviewContext(namespace="ml-research", capacity=cap, reservations=reservations)
+    return review(obj, policy=policy, inventory=INV, ctx=ctx)
+
+
+def _default_text() -> str:
+    return (ROOT / "policies" / "default-policy.yaml").read_text()
+
+
+def rack_terms(obj: dict[str, Any]) -> dict[str, Any]:
+    """The rack-related scheduling terms of the (first) pod template."""
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] != "Pod" else obj["spec"]
+    aff = spec.get("affinity", {})
+    req = aff.get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    exprs = [e for t in req.get("nodeSelectorTerms", []) for e in t["matchExpressions"] if e["key"] == RACK]
+    pref = aff.get("nodeAffinity", {}).get("preferredDuringSchedulingIgnoredDuringExecution", [])
+    return {
+        "required_racks": [v for e in exprs for v in e["values"]],
+        "preferred_racks": [v for t in pref for e in t["preference"]["matchExpressions"] for v in e["values"]],
+        "pod_affinity_required": bool(aff.get("podAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")),
+        "pod_affinity_preferred": bool(
+            aff.get("podAffinity", {}).get("preferredDuringSchedulingIgnoredDuringExecution")
+        ),
+    }
+
+
+# --- the pure chooser ----------------------------------------------------------------------------------------
+
+
+def test_place_is_best_fit_decreasing_in_pod_sized_pieces() -> None:
+    assert place((8, 8, 8, 8), (8, 8, 8, 8)) == (0, 0, 0, 0)
+    assert place((8, 8), (8, 8, 8, 8)) is None
+    assert place((4, 4, 4, 4), (8,)) is None  # 16 free GPUs, but no node takes an 8-GPU pod
+    assert place((12, 4), (8, 4, 4)) == (0, 0)  # best fit keeps the 12-GPU node for the large pod
+    assert placement.pieces((12, 4, 7), 4) == 5
+    # spread (how reserved pods are assumed to land): 4-GPU pods on the emptiest nodes split 8-GPU pieces
+    assert place((8, 8, 8, 8), (4, 4, 4, 4), spread=True) == (4, 4, 4, 4)
+    assert place((8, 8, 8, 8), (4, 4, 4, 4)) == (0, 0, 8, 8)
+
+
+def test_a_reservation_of_small_pods_is_assumed_spread_over_the_rack() -> None:
+    """rack-big reserved for 4x4-GPU pods: spread, they leave no free 8-GPU node there for a 2x8 gang."""
+    cap = capacity(bound_pod("x", "h100-small-1", 1))  # rack-small cannot take 2x8 now
+    held = Reservation("ns/j=first", RACK, "rack-big", (4, 4, 4, 4))
+    d = decide(group(INV.nodes, RACK, cap), RACK, (8, 8), cap, (held,), "ns/j=second")
+    assert d is not None and d.source == placement.NONE_FITS_NOW
+    rooms = {r.domain: r for r in placement.rooms(group(INV.nodes, RACK, cap), (4, 4), (held,))}
+    assert rooms["rack-big"].fits and rooms["rack-big"].pieces == 4  # 4 GPUs left on each node
+
+
+def test_shortfall_counts_the_gpus_that_must_free_up() -> None:
+    assert shortfall((4, 4, 4, 4), (8, 8, 8, 8), (8, 8, 8)) == 12  # three nodes each need 4 more
+    assert shortfall((0, 8), (8, 8), (8, 8)) == 8
+    assert shortfall((8, 8), (8, 8), (8,)) == 0
+
+
+def test_static_rule_excludes_a_rack_whose_allocatable_cannot_hold_the_gang() -> None:
+    nodes = group(INV.nodes, RACK, None)
+    d = decide(nodes, RACK, (8, 8, 8, 8), None, (), "ns/j=a")
+    assert d is not None and d.source == placement.STATIC and d.eligible == ("rack-big",) and d.domain is None
+    d = decide(nodes, RACK, (8, 8), None, (), "ns/j=a")
+    assert d is not None and d.eligible == ("rack-big", "rack-small")
+    d = decide(nodes, RACK, (8,) * 5, None, (), "ns/j=a")
+    assert d is not None and d.source == placement.NEVER_FITS
+
+
+def test_best_fit_takes_the_rack_with_least_room_that_still_holds_the_gang() -> None:
+    cap = capacity()
+    d = decide(group(INV.nodes, RACK, cap), RACK, (8, 8), cap, (), "ns/j=a")
+    assert d is not None and (d.source, d.domain) == (placement.BEST_FIT, "rack-small")  # 2 pieces < 4
+    # rack-small busy: only rack-big holds it now
+    cap = capacity(bound_pod("x", "h100-small-1", 1))
+    d = decide(group(INV.nodes, RACK, cap), RACK, (8, 8), cap, (), "ns/j=a")
+    assert d is not None and d.domain == "rack-big"
+
+
+def test_ties_are_broken_by_name_deterministically() -> None:
+    cap = capacity(bound_pod("a", "h100-big-1", 8), bound_pod("b", "h100-big-2", 8))  # both racks: 2 pieces
+    nodes = group(INV.nodes, RACK, cap)
+    answers = {decide(nodes, RACK, (8, 8), cap, (), "ns/j=a").domain for _ in range(5)}  # type: ignore[union-attr]
+    assert answers == {"rack-big"}
+
+
+def test_nothing_fits_now_names_the_roomiest_and_the_closest_rack() -> None:
+    cap = capacity(*(bound_pod(f"b{i}", f"h100-big-{i}", 4) for i in range(1, 5)))
+    d = decide(group(INV.nodes, RACK, cap), RACK, (4,) * 6, cap, (), "ns/j=a")
+    assert d is not None and d.source == placement.NONE_FITS_NOW and d.domain is None
+    assert d.roomiest == "rack-big"  # 4 pieces of 4 GPUs each rack: tie, first name
+    assert (d.closest, d.shortfall) == ("rack-big", 8)  # two more 4-GPU pieces
+
+
+def test_others_reservations_take_their_gpus_and_the_jobs_own_is_reused() -> None:
+    cap = capacity()
+    nodes = group(INV.nodes, RACK, cap)
+    held = Reservation("ns/j=first", RACK, "rack-big", (8, 8, 8, 8))
+    d = decide(nodes, RACK, (8, 8, 8, 8), cap, (held,), "ns/j=second")
+    assert d is not None and d.source == placement.NONE_FITS_NOW  # rack-big is promised to the first job
+    d = decide(nodes, RACK, (8, 8, 8, 8), cap, (held,), "ns/j=first")
+    assert d is not None and (d.source, d.domain) == (placement.RESERVED, "rack-big")
+
+
+def test_bound_peers_decide_for_pods_of_an_unpinned_job_where_the_rest_still_fits() -> None:
+    job_id = "ml-research/batch.kubernetes.io/job-name=j"
+    cap = capacity(bound_pod("w0", "h100-small-1", 8, job_name="j"))
+    d = decide(group(INV.nodes, RACK, cap), RACK, (), cap, (), job_id)
+    assert d is not None and (d.source, d.domain) == (placement.PEERS, "rack-small")
+    d = decide(group(INV.nodes, RACK, cap), RACK, (8, 8), cap, (), job_id)
+    assert d is not None and (d.source, d.domain) == (placement.PEERS, "rack-small")
+    # a job that had to spread: its 3 other pods do not fit next to the first, so they are not pinned there
+    d = decide(group(INV.nodes, RACK, cap), RACK, (8, 8, 8, 8), cap, (), job_id)
+    assert d is not None and d.source != placement.PEERS
+
+
+# --- the engine: training-rack and training-same-rack ----------------------------------------------------------
+
+
+def test_without_a_pod_view_the_mutation_names_the_eligible_racks() -> None:
+    r = run(job("j", 4, 8), None)
+    assert r.allowed and "training-rack" in r.mutations and r.placement is None
+    terms = rack_terms(r.object)
+    assert terms["required_racks"] == ["rack-big"] and terms["pod_affinity_required"]
+
+
+def test_with_a_pod_view_the_gang_is_pinned_to_one_rack_and_reported_for_reservation() -> None:
+    r = run(job("j", 2, 8), capacity())
+    assert rack_terms(r.object)["required_racks"] == ["rack-small"]
+    assert r.placement == Placement("ml-research/batch.kubernetes.io/job-name=j", RACK, "rack-small", (8, 8))
+
+
+def test_prefer_when_no_rack_fits_now_adds_no_required_term_and_warns() -> None:
+    cap = capacity(*(bound_pod(f"b{i}", f"h100-big-{i}", 4) for i in range(1, 5)))
+    r = run(job("j", 6, 4), cap)
+    terms = rack_terms(r.object)
+    assert r.allowed and r.placement is None
+    assert terms == {
+        "required_racks": [],
+        "preferred_racks": ["rack-big"],
+        "pod_affinity_required": False,
+        "pod_affinity_preferred": True,
+    }
+    assert any(w.startswith("placement: no rack holds the 24-GPU job now") and "slower" in w for w in r.warnings)
+    # validated on its own (the /validate call on the stored template): training-same-rack accepts it
+    again = review(r.object, policy=default_policy(), inventory=INV, ctx=ReviewContext(capacity=cap), mutate=False)
+    assert again.allowed, again.denials
+
+
+def test_deny_when_no_rack_fits_now_says_which_rack_would_fit_and_when() -> None:
+    cap = capacity(*(bound_pod(f"b{i}", f"h100-big-{i}", 4) for i in range(1, 5)))
+    r = run(job("j", 6, 4), cap, placement={"whenNoDomainFits": "deny"})
+    assert not r.allowed and [d.rule for d in r.denials] == ["training-same-rack"]
+    msg = r.denials[0].message
+    assert "no topology.kubernetes.io/rack has room for the 24-GPU job (6x4 GPUs) now" in msg
+    assert "rack-big would once 8 more GPUs free up there" in msg and "\n" not in msg
+    assert rack_terms(r.object)["preferred_racks"] == []
+
+
+def test_prefer_terms_without_the_fallback_condition_are_not_a_rack_constraint() -> None:
+    """A user's own preferred affinity is no excuse: with room in a rack, the rule still wants a required term."""
+    cap = capacity()
+    r = run(job("j", 2, 8), cap, mutations={"training-rack": False})
+    assert [d.rule for d in r.denials] == ["training-same-rack"]
+
+
+def test_a_job_no_rack_can_ever_hold_gets_no_required_term() -> None:
+    r = run(job("j", 5, 8), capacity())  # 40 GPUs > rack-big's 32
+    assert "training-rack" not in r.mutations and r.allowed
+
+
+def test_mutated_template_is_stable_under_a_second_pass() -> None:
+    cap = capacity()
+    first = run(job("j", 4, 8), cap)
+    second = run(first.object, cap)
+    assert second.patch == () and second.mutations == ()
+
+
+def test_one_pod_indexed_job_pod_gets_no_same_rack_term() -> None:
+    pod = bound_pod("j-0-abc", "", 8, job_name="j")
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = "0"
+    pod["metadata"]["annotations"] = {"gpu-admission.io/job-gpus": "8"}
+    r = review(pod, policy=default_policy(), inventory=INV)
+    assert "training-rack" not in r.mutations and r.allowed
+
+
+def test_bare_pods_of_one_job_all_get_the_rack_chosen_for_the_first() -> None:
+    cap = capacity()
+    store = Reservations(clock=lambda: 0.0)
+    racks = []
+    for i in range(2):
+        pod = bound_pod(f"w{i}", "", 8, job_name="j")
+        pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = str(i)
+        pod["metadata"]["annotations"] = {"gpu-admission.io/job-gpus": "16"}
+        r = run(pod, cap, store.active())
+        if r.placement is not None:
+            store.record(r.placement, 60)
+        racks.append(rack_terms(r.object)["required_racks"])
+    assert racks == [["rack-small"], ["rack-small"]]
+
+
+# --- the pod view ------------------------------------------------------------------------------------------------
+
+
+def test_pod_view_counts_bound_gpu_pods_and_frees_them_when_they_end() -> None:
+    view = PodView(pod_facts)
+    p = bound_pod("a", "h100-big-1", 4, job_name="j")
+    view.apply(Change("ADDED", "ml-research/a", None, p))
+    assert view.snapshot().used_of("nvidia.com/gpu") == {"h100-big-1": 4}
+    assert dict(view.snapshot().jobs) == {"ml-research/batch.kubernetes.io/job-name=j": {"h100-big-1": 1}}
+    done = copy.deepcopy(p)
+    done["status"]["phase"] = "Succeeded"
+    view.apply(Change("MODIFIED", "ml-research/a", p, done))
+    assert view.snapshot().used_of("nvidia.com/gpu") == {} and view.snapshot().jobs == {}
+    view.apply(Change("MODIFIED", "ml-research/a", done, p))
+    view.apply(Change("DELETED", "ml-research/a", p, None))
+    assert view.snapshot().used == {} and view.snapshot().pods == 0
+
+
+def test_pod_view_unbound_pods_hold_nothing_until_bound() -> None:
+    view = PodView(pod_facts)
+    pending = bound_pod("a", "", 8)
+    view.apply(Change("ADDED", "k", None, pending))
+    assert view.snapshot().used == {}
+    view.apply(Change("MODIFIED", "k", pending, bound_pod("a", "h100-small-2", 8)))
+    assert view.snapshot().used_of("nvidia.com/gpu") == {"h100-small-2": 8}
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "not a pod",
+        {"metadata": {}, "spec": []},
+        {"metadata": {}, "spec": {"nodeName": 7, "containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}},
+        {"metadata": {}, "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}, "status": 3},
+    ],
+)
+def test_pod_view_skips_garbage_and_counts_it(garbage: Any) -> None:
+    view = PodView(pod_facts)
+    view.apply(Change("ADDED", "k", None, bound_pod("a", "h100-big-1", 4)))
+    view.apply(Change("MODIFIED", "k", None, garbage))  # the key's earlier entry is forgotten
+    view.apply(Change("ADDED", "k2", None, bound_pod("b", "h100-big-2", 2)))
+    snap = view.snapshot()
+    assert snap.skipped == 1 and snap.used_of("nvidia.com/gpu") == {"h100-big-2": 2}
+
+
+def test_pod_view_snapshot_is_rebuilt_only_after_a_change() -> None:
+    view = PodView(pod_facts)
+    view.apply(Change("SYNCED", "", None, None))
+    first = view.snapshot()
+    assert first.synced and view.snapshot() is first
+    view.apply(Change("ADDED", "k", None, bound_pod("a", "h100-big-1", 4)))
+    assert view.snapshot() is not first and view.snapshot().version > first.version
+
+
+def test_slim_keeps_what_the_view_reads() -> None:
+    p = bound_pod("a", "h100-big-1", 4, job_name="j")
+    p["spec"]["containers"][0]["env"] = [{"name": "X", "value": "y" * 1000}]
+    p["metadata"]["annotations"] = {"big": "z" * 1000}
+    assert pod_facts(slim(p)) == pod_facts(p) and "env" not in str(slim(p))
+
+
+# --- reservations ------------------------------------------------------------------------------------------------
+
+
+def test_reservations_end_when_the_pods_are_seen_bound_or_expire() -> None:
+    now = [0.0]
+    store = Reservations(clock=lambda: now[0])
+    job_id = "ml-research/batch.kubernetes.io/job-name=j"
+    view = PodView(pod_facts, on_bound=store.bound)
+    store.record(Placement(job_id, RACK, "rack-big", (8, 8)), 60)
+    assert [r.sizes for r in store.active()] == [(8, 8)]
+    pending = bound_pod("w0", "", 8, job_name="j")
+    view.apply(Change("ADDED", "w0", None, pending))
+    assert [r.sizes for r in store.active()] == [(8, 8)]  # created, not bound: still to come
+    view.apply(Change("MODIFIED", "w0", pending, bound_pod("w0", "h100-big-1", 8, job_name="j")))
+    assert [r.sizes for r in store.active()] == [(8,)]  # the bound pod is counted by the view now
+    view.apply(Change("ADDED", "w1", None, bound_pod("w1", "h100-big-2", 8, job_name="j")))
+    assert store.active() == () and len(store) == 0
+    # a job deleted before anything else was reviewed still frees its reservation (seen on the watch)
+    store.record(Placement(job_id, RACK, "rack-big", (8, 8)), 60)
+    now[0] = 61.0
+    assert store.active() == () and store.expired == 1
