@@ -58,6 +58,8 @@ __all__ = [
     "busbw_gbytes_per_s",
     "gbps_to_gbytes_per_s",
     "hierarchical_allreduce_ms",
+    "level_phrase",
+    "nvlink_domain_penalty",
     "penalty_phrase",
     "placement_estimate",
     "ring_allreduce_ms",
@@ -299,8 +301,28 @@ def placement_estimate(
     )
 
 
-def penalty_phrase(estimate: Estimate) -> str:
-    """A fragment for a one-line denial (≤ ~90 characters): cross-rack vs within one rack.
+def nvlink_domain_penalty(
+    size_bytes: int, total_gpus: int, bandwidths: Bandwidths = DEFAULT_BANDWIDTHS
+) -> float | None:
+    """How many times slower a job's all-reduce is split over two multi-node NVLink domains (cliques) than in
+    one. In one clique every GPU reaches every other over NVLink, so NCCL runs one ring at NVLink speed over
+    all ranks; across two, NVLink stops at the clique edge and the inter-clique stage goes over the network:
+    the two-level model with each clique's share as the "node". None for a 1-GPU job."""
+    _check_count("total_gpus", total_gpus)
+    if total_gpus < 2:
+        return None
+    bw = bandwidths
+    node_gbs, net_gbs = gbps_to_gbytes_per_s(bw.nvlink_gbps), gbps_to_gbytes_per_s(bw.network_gbps)
+    inside = _ring_ms(size_bytes, total_gpus, node_gbs, bw.alpha_nvlink_us)
+    across = _ring_ms(size_bytes, -(-total_gpus // 2), node_gbs, bw.alpha_nvlink_us) + _inter_ms(
+        size_bytes, total_gpus // 2, 2, net_gbs, bw.alpha_network_us
+    )
+    return across / inside if inside > 0 else None
+
+
+def penalty_phrase(estimate: Estimate, across: str = "racks", penalty: float | None = None) -> str:
+    """A fragment for a one-line denial (≤ ~90 characters): across two domains vs within one (racks unless
+    `across` names another level, whose `penalty` then replaces the cross-rack one).
 
     e.g. `all-reduce ≈1.1× slower across racks than in one (16 MB, ring, 400/200 Gb/s, 2:1 oversub)`.
     """
@@ -309,10 +331,23 @@ def penalty_phrase(estimate: Estimate) -> str:
         f"({_size_text(estimate.size_bytes)}, ring, {bw.nvlink_gbps:.4g}/{bw.network_gbps:.4g} Gb/s, "
         f"{bw.cross_rack_oversubscription:.3g}:1 oversub)"
     )
-    penalty = estimate.cross_rack_penalty
+    if penalty is None:
+        penalty = estimate.cross_rack_penalty
     if penalty is None:
         return "no all-reduce cost: a 1-GPU job does not communicate"
     if penalty < 1.05:
-        return f"all-reduce about as fast across racks as in one {context}"
+        return f"all-reduce about as fast across {across} as in one {context}"
     shown = f"{penalty:.1f}" if penalty < 10 else f"{penalty:.0f}"
-    return f"all-reduce ≈{shown}× slower across racks than in one {context}"
+    return f"all-reduce ≈{shown}× slower across {across} than in one {context}"
+
+
+def level_phrase(
+    kind: str, across: str, size_bytes: int, total_gpus: int, gpus_per_node: int, bandwidths: Bandwidths
+) -> str:
+    """The penalty of spreading a job over two domains of a topology level: two NVLink cliques (kind
+    `nvlink`), or two switch domains (racks and above; zones too), which pay the oversubscribed uplinks."""
+    estimate = placement_estimate(size_bytes, total_gpus, gpus_per_node, bandwidths)
+    penalty = nvlink_domain_penalty(size_bytes, total_gpus, bandwidths) if kind == "nvlink" else None
+    if kind == "nvlink" and penalty is None:
+        return penalty_phrase(estimate)
+    return penalty_phrase(estimate, across, penalty)

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from policies import comm
 from policies.quantity import QuantityError, parse_bytes
 
 API_VERSION = "gpu-admission.io/v1alpha1"
@@ -25,6 +26,7 @@ ENFORCEMENT_MODES = ACTIONS
 RULE_IDS = (
     "training-same-rack",
     "training-topology-scheduler",
+    "scheduler-topology-keys",
     "training-elastic-shrink",
     "training-queue-priority",
     "shared-gpu-single",
@@ -39,6 +41,7 @@ MUTATION_IDS = (
     "training-node-pack",
     "job-size",
     "inference-spread",
+    "inference-group",
     "gpu-slice",
     "online-exclusive",
     "gpu-toleration",
@@ -98,6 +101,13 @@ class CommSettings:
     network_gbps: float = 200.0
     cross_rack_oversubscription: float = 2.0
 
+    def bandwidths(self) -> comm.Bandwidths:
+        return comm.Bandwidths(
+            nvlink_gbps=self.nvlink_gbps,
+            network_gbps=self.network_gbps,
+            cross_rack_oversubscription=self.cross_rack_oversubscription,
+        )
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -129,6 +139,7 @@ class Policy:
     gang_kueue: bool = False
     gang_volcano: bool = False
     gang_kai_topology: str = ""
+    levels: tuple[str, ...] = ()  # topology.levels, narrowest first; () = auto-detected
 
     def pool(self, name: str) -> Pool | None:
         for p in self.pools:
@@ -245,6 +256,18 @@ _TOP = (
 )
 
 
+def _levels(c: _Checker, raw: Any, rack: str) -> tuple[str, ...]:
+    """topology.levels: node label keys, narrowest first, each once; the rack (when set) among them."""
+    if not isinstance(raw, list) or not all(isinstance(k, str) and k for k in raw):
+        c.err("topology.levels", "must be a list of node label keys, narrowest first")
+        return ()
+    if len(set(raw)) != len(raw):
+        c.err("topology.levels", "lists a key twice")
+    if raw and rack != "auto" and rack not in raw:
+        c.err("topology.levels", f"must include topology.rack {rack!r}")
+    return tuple(raw)
+
+
 def compile_policy(doc: object, text: str | None = None) -> Policy:
     """Validate a parsed policy document and compile it; raise PolicyError listing every problem."""
     c = _Checker()
@@ -268,10 +291,11 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
     mutations = {m: c.boolean(mut_doc, m, True, "mutations") for m in MUTATION_IDS}
 
     topo = c.mapping(doc, "topology", "")
-    c.known(topo, ("rack",), "topology")
+    c.known(topo, ("rack", "levels"), "topology")
     rack = c.string(topo, "rack", "auto", "topology")
     if not rack:
         c.err("topology.rack", "must be 'auto' or a node label key")
+    levels = _levels(c, topo.get("levels", []), rack)
 
     pools = _pools(c, doc.get("pools", []))
 
@@ -338,6 +362,7 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
         rules=rules,
         mutations=mutations,
         rack=rack,
+        levels=levels,
         pools=pools,
         training_pool=training_pool,
         scheduler_name=c.string(tr, "schedulerName", "", "training"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, overload
 
-from policies import affinity, gpulabels, mig, nodeindex, topology
+from policies import affinity, comm, gpulabels, mig, nodeindex, topology
 from policies.document import Policy, Pool
 from policies.nodeindex import NodeIndex
 from policies.placement import memoize
@@ -240,6 +240,12 @@ class Inventory:
     whole_card_expressions: tuple[Json, ...] = gpulabels.BASE_EXPRESSIONS
     not_shared_expressions: tuple[Json, ...] = gpulabels.BASE_EXPRESSIONS[:1]
     label_problems: tuple[str, ...] = ()  # GPU nodes those expressions cannot tell apart (also in warnings)
+    # Topology levels narrowest first (topology.py), and per level the keys at that level or finer.
+    levels: tuple[topology.Level, ...] = ()
+    level_finer: tuple[frozenset[str], ...] = ()
+    nvlink_key: str | None = None  # an NVLink-domain key on some GPU node, even when not a level
+    level_setting: tuple[str, ...] = ()  # the policy's topology.levels this version was built for
+    level_warnings: tuple[str, ...] = ()  # the levels' own warnings (also in warnings)
     # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
     # changes (a node event makes a new one, which starts empty).
     _candidates: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -328,6 +334,17 @@ class Inventory:
         except RecursionError:  # a pathologically nested value: fall back to testing node by node
             allowed = selection_filter(selection)
             return nodeindex.bits(s for s, n in self.index.all_nodes() if allowed(n.labels, n.name))
+
+    def level_for(self, gpus: int, known: bool) -> int | None:
+        """Index of the narrowest level whose largest domain holds a job of `gpus` whole GPUs (by total
+        capacity); the rack level when the size (or a job of MIG slices only) or the capacity is unknown; None
+        when no domain can hold it."""
+        if not known or gpus <= 0 or not any(lv.largest_gpus for lv in self.levels):
+            return _rack_index(self.levels)
+        return next((i for i, lv in enumerate(self.levels) if lv.largest_gpus >= gpus), None)
+
+    def level_index(self, kind: str) -> int | None:
+        return next((i for i, lv in enumerate(self.levels) if lv.kind == kind), None)
 
     def apply(self, changes: Mapping[str, GpuNode | None]) -> Inventory:
         """The next version: entry key -> node (added or replaced) or None (removed). Costs what the changed
@@ -531,7 +548,14 @@ def build(nodes: Iterable[Any], policy: Policy) -> Inventory:
 def empty(policy: Policy, rack_label: str | None = None) -> Inventory:
     """No live node: the policy's declared pools only."""
     return Inventory(
-        NodeIndex(), Totals(), rack_label, topology.rack_or_finer(rack_label), (), policy.rack, tuple(policy.pools)
+        NodeIndex(),
+        Totals(),
+        rack_label,
+        topology.rack_or_finer(rack_label),
+        (),
+        policy.rack,
+        tuple(policy.pools),
+        level_setting=tuple(policy.levels),
     ).apply({})
 
 
@@ -567,18 +591,94 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
     else:
         whole, unshared, found = affinity.expressions(index, _groups(index))
         problems = tuple(found)
+    unchanged = same_keys and index.labels is inv.index.labels and index.sets is inv.index.sets
+    if unchanged and len(index) == len(inv.index):  # heartbeats: no label or kind changed anywhere
+        levels, level_warnings, nvlink_key = inv.levels, inv.level_warnings, inv.nvlink_key
+    else:
+        # Levels read the nodes' labels: O(GPU nodes), only when a label or kind changed somewhere.
+        levels, found_warnings = _levels(index, inv, rack)
+        level_warnings = tuple(found_warnings)
+        nvlink_key = next((k for k in topology.NVLINK_KEYS if _labelled(index, k)), None)
+    same_levels = levels is inv.levels
     return Inventory(
         index=index,
         totals=totals,
         rack_label=rack,
-        rack_or_finer=inv.rack_or_finer if rack == inv.rack_label else topology.rack_or_finer(rack),
-        warnings=(*_warnings(index, inv.rack_setting, rack), *problems),
+        rack_or_finer=inv.rack_or_finer if same_levels and rack == inv.rack_label else _rack_or_finer(levels, rack),
+        warnings=(*level_warnings, *problems),
         rack_setting=inv.rack_setting,
         pools=inv.pools,
         whole_card_expressions=whole,
         not_shared_expressions=unshared,
         label_problems=problems,
+        levels=levels,
+        level_finer=inv.level_finer
+        if same_levels
+        else tuple(topology.finer_keys(levels, i) for i in range(len(levels))),
+        nvlink_key=nvlink_key,
+        level_setting=inv.level_setting,
+        level_warnings=level_warnings,
     )
+
+
+def _levels(index: NodeIndex, inv: Inventory, rack: str | None) -> tuple[tuple[topology.Level, ...], list[str]]:
+    """The topology levels over the whole-card nodes (all GPU nodes when there are none), and warnings."""
+    nodes = [n for _, n in index.all_nodes()]
+    placed = [n for n in nodes if n.whole_card] or nodes
+    keys = list(inv.level_setting) or topology.auto_keys([n.labels for n in placed], rack)
+    sized = [(n.labels, n.whole_gpus if n.whole_card else 0) for n in placed]
+    levels, warnings = topology.build_levels(sized, keys, declared=bool(inv.level_setting))
+    setting = inv.rack_setting
+    if not nodes:
+        return levels, warnings
+    if setting != "auto" and not _labelled(index, setting):
+        warnings.append(f"no GPU node carries the rack label {setting!r} set in topology.rack")
+    elif not levels:
+        warnings.append(
+            "no GPU node carries a rack label (topology.kubernetes.io/rack, EKS/GKE/OKE/Topograph ones) or an "
+            "NVLink clique: training-rack cannot be applied; set topology.levels or label the nodes"
+        )
+    return levels, warnings
+
+
+def _rack_or_finer(levels: tuple[topology.Level, ...], rack: str | None) -> frozenset[str]:
+    index = _rack_index(levels)
+    return topology.finer_keys(levels, index) if index is not None else topology.rack_or_finer(rack)
+
+
+def _rack_index(levels: tuple[topology.Level, ...]) -> int | None:
+    """The level a job of unknown size is kept in: the first switch level (the rack), else the first one."""
+    return next((i for i, lv in enumerate(levels) if lv.kind == "switch"), 0 if levels else None)
+
+
+def level_report(inv: Inventory, policy: Policy) -> list[dict[str, Any]]:
+    """The levels for /readyz: each with its domains and what spreading a job that fills its largest domain
+    over two of them would cost (the policy's comm model)."""
+    out = []
+    for level in inv.levels:
+        across = topology.domains_text(level, inv.rack_label)
+        try:
+            penalty = comm.level_phrase(
+                level.kind,
+                across,
+                policy.comm.message_bytes,
+                max(level.largest_gpus, 2),
+                inv.max_whole_gpus or 8,
+                policy.comm.bandwidths(),
+            )
+        except ValueError:
+            penalty = ""
+        out.append(
+            {
+                "key": level.key,
+                "kind": level.kind,
+                "domains": level.domains,
+                "nodes": level.nodes,
+                "largestDomainGpus": level.largest_gpus,
+                "penalty": penalty,
+            }
+        )
+    return out
 
 
 def _groups(index: NodeIndex) -> affinity.Groups:
@@ -640,20 +740,3 @@ def _labelled(index: NodeIndex, key: str) -> int:
     """Nodes with a non-empty value for key."""
     values = index.labels.get(key)
     return index.key_count(key) - (nodeindex.count(values.get("")) if values is not None else 0)
-
-
-def _warnings(index: NodeIndex, setting: str, rack_label: str | None) -> tuple[str, ...]:
-    total = len(index)
-    if not total:
-        return ()
-    have = _labelled(index, rack_label) if rack_label else 0
-    if setting != "auto":
-        return () if have else (f"no GPU node carries the rack label {setting!r} set in topology.rack",)
-    if rack_label is None:
-        return (
-            "no GPU node carries a rack label (topology.kubernetes.io/rack, EKS/GKE/OKE/Topograph ones): "
-            "training-rack cannot be applied; set topology.rack or label the nodes",
-        )
-    if have < total:
-        return (f"rack label {rack_label!r} is missing on {total - have} of {total} GPU nodes",)
-    return ()

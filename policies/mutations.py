@@ -24,8 +24,9 @@ from policies.subject import (
     SCHEDULING,
     Pod,
     Subject,
+    meta_map,
 )
-from policies.topology import HOSTNAME, ZONE
+from policies.topology import HOSTNAME, NVLINK_KEYS, ZONE
 from policies.workloads import Json, containers
 
 MutationFn = Callable[[Subject, Pod], bool]
@@ -213,30 +214,32 @@ def online_exclusive(s: Subject, p: Pod) -> bool:
 
 def training_rack(s: Subject, p: Pod) -> bool:
     """training-rack: pods of a multi-pod training job get required podAffinity on the job-identity label
-    with topologyKey = the rack label, and required node affinity to the rack chosen for the whole gang:
-    the best-fit rack that holds it now (pod view), else the racks whose allocatable could (checklist 1 and
-    4: same rack, never across switches by accident, never half a gang stranded)."""
-    if p.workload != "training" or not s.job.multi_pod or not s.inventory.rack_label:
+    with topologyKey = the narrowest topology level whose domains can hold the job (NVLink clique, rack,
+    then coarser switch levels, then zone), and required node affinity to the domain chosen for the whole
+    gang: the best-fit domain that holds it now (pod view), else the domains whose allocatable could
+    (checklist 1 and 4: never across switches by accident, never half a gang stranded)."""
+    if p.workload != "training" or not s.job.multi_pod or not p.ask.asks_gpu:
         return False
-    if not p.ask.asks_gpu or s.job.key is None or s.job.value is None or has_rack_constraint(s, p):
+    if s.job.key is None or s.job.value is None or has_rack_constraint(s, p):
         return False
-    if larger_than_any_rack(s):
-        return False  # it cannot fit in one rack: a required same-rack affinity would strand it Pending
-    rack = s.inventory.rack_label
-    if _via_gang_scheduler(s, p, rack):
-        return True  # all-or-nothing, in its own keys: the scheduler picks the rack, nothing can strand
+    domain = job_domain(s)
+    if domain is None or larger_than_any_rack(s):
+        return False  # nothing known to place by, or no domain can hold it (a required one would strand it)
+    key = domain[0]
+    if _via_gang_scheduler(s, p, key):
+        return True  # all-or-nothing, in its own keys: the scheduler picks the domain, nothing can strand
     decision = s.placement
     if decision is not None and decision.source == placement.NONE_FITS_NOW:
         return _prefer_roomiest(s, p, decision)
     changed = _ensure_job_label(s, p)
     if decision is not None and decision.domain is not None:
-        changed |= add_node_expressions(p.pod, [_in(rack, [decision.domain])])
+        changed |= add_node_expressions(p.pod, [_in(key, [decision.domain])])
         s.pinned = decision
-    elif decision is not None and set(decision.eligible) != set(_domains(s, p, rack)):
-        changed |= add_node_expressions(p.pod, [_in(rack, list(decision.eligible))])  # static rule
+    elif decision is not None and set(decision.eligible) != set(_domains(s, p, key)):
+        changed |= add_node_expressions(p.pod, [_in(key, list(decision.eligible))])  # static rule
     if decision is not None and decision.source == placement.STATIC and s.ctx.capacity is not None:
-        s.notes.append("placement: pod view not synced yet: rack chosen by allocatable only, not free GPUs")
-    term = {"labelSelector": {"matchLabels": {s.job.key: s.job.value}}, "topologyKey": rack}
+        s.notes.append("placement: pod view not synced yet: domain chosen by allocatable only, not free GPUs")
+    term = {"labelSelector": {"matchLabels": {s.job.key: s.job.value}}, "topologyKey": key}
     return (
         _add_to_list(p.pod, ("affinity", "podAffinity", "requiredDuringSchedulingIgnoredDuringExecution"), term)
         or changed
@@ -252,7 +255,7 @@ KAI_SCHEDULER = "kai-scheduler"
 
 def _via_gang_scheduler(s: Subject, p: Pod, rack: str) -> bool:
     """Where the policy says the job's gang scheduler is set up for topology (placement.gangSchedulers), the
-    same-rack constraint goes into that scheduler's keys: Volcano `networkTopology` hard at tier 1 on a
+    same-rack constraint goes into that scheduler's keys: Volcano `networkTopology` hard at the level's tier on a
     Volcano Job, Kueue `podset-required-topology` on a queued workload's pod templates, KAI's Topology and
     required placement on the top owner. Never overwrites a value the user set."""
     from policies.subject import meta_map
@@ -261,7 +264,9 @@ def _via_gang_scheduler(s: Subject, p: Pod, rack: str) -> bool:
     if pol.gang_volcano and s.kind == "VolcanoJob":
         spec = child(s.obj, "spec")
         if isinstance(spec, dict) and spec.get("networkTopology") is None:
-            spec["networkTopology"] = {"mode": "hard", "highestTierAllowed": 1}
+            # Volcano's tier t is the t-th detected level (policies/schedkeys.py reads it back the same way).
+            tier = next((i + 1 for i, lv in enumerate(s.inventory.levels) if lv.key == rack), 1)
+            spec["networkTopology"] = {"mode": "hard", "highestTierAllowed": tier}
             return True
         return False
     if pol.gang_kueue and (KUEUE_QUEUE in meta_map(s.obj, "labels") or KUEUE_QUEUE in p.labels()):
@@ -348,14 +353,53 @@ def prefers_domain(p: Pod, key: str) -> bool:
     )
 
 
+def job_domain(s: Subject) -> tuple[str, frozenset[str]] | None:
+    """(topology key, keys at that level or finer) the job is kept in, or None: an NVLink domain for a job
+    that claims a ComputeDomain / IMEX channel (it only works inside one), else the narrowest level whose
+    largest domain holds the job's whole GPUs."""
+    inv = s.inventory
+    if inv.nvlink_key and claims_nvlink_domain(s):
+        i = inv.level_index("nvlink")
+        return inv.nvlink_key, inv.level_finer[i] if i is not None else inv.rack_or_finer | {inv.nvlink_key}
+    i = inv.level_for(s.job.gpus, s.job.gpus_known)
+    return (inv.levels[i].key, inv.level_finer[i]) if i is not None else None
+
+
+# ComputeDomain channels are claimed through a ResourceClaimTemplate the ComputeDomain names
+# (kubernetes-sigs/dra-driver-nvidia-gpu: spec.channel.resourceClaimTemplate; its demos call it
+# `<name>-channel` or `imex`), and the documented placement is node affinity `nvidia.com/gpu.clique Exists`.
+_CHANNEL_HINTS = ("channel", "imex", "compute-domain", "computedomain")
+
+
+def claims_nvlink_domain(s: Subject) -> bool:
+    from policies.selectors import required_terms
+
+    for p in s.pods:
+        claims = p.spec.get("resourceClaims")
+        for c in claims if isinstance(claims, list) else []:
+            names = (
+                [c.get(k) for k in ("name", "resourceClaimTemplateName", "resourceClaimName")]
+                if isinstance(c, dict)
+                else []
+            )
+            if any(isinstance(n, str) and any(h in n.lower() for h in _CHANNEL_HINTS) for n in names):
+                return True
+        for term in required_terms(p.pod) or []:
+            exprs = term.get("matchExpressions") if isinstance(term, dict) else None
+            for e in exprs if isinstance(exprs, list) else []:
+                if isinstance(e, dict) and e.get("key") in NVLINK_KEYS and e.get("operator") == "Exists":
+                    return True
+    return False
+
+
 def larger_than_any_rack(s: Subject) -> bool:
-    """A job no rack can hold: counted per node in pod-sized pieces when the gang's pods are known
-    (placement's static rule), else whole GPUs against the largest rack."""
+    """A job no domain can hold: counted per node in pod-sized pieces when the gang's pods are known
+    (placement's static rule), else whole GPUs against the largest domain of every topology level."""
     d = s.placement
     if d is not None and s.job.sizes:
         return d.source == placement.NEVER_FITS
     inv = s.inventory
-    return s.job.gpus_known and inv.max_rack_gpus > 0 and s.job.gpus > inv.max_rack_gpus
+    return bool(inv.levels) and s.job.gpus_known and job_domain(s) is None
 
 
 def training_node_pack(s: Subject, p: Pod) -> bool:
@@ -412,12 +456,18 @@ def job_size(s: Subject, p: Pod) -> bool:
 
 def inference_spread(s: Subject, p: Pod) -> bool:
     """inference-spread: inference replicas get topologySpreadConstraints across nodes (and zones when GPU
-    nodes carry zones), maxSkew 1 (checklist 2: elastic inference survives the loss of a node)."""
+    nodes carry zones), maxSkew 1 (checklist 2: elastic inference survives the loss of a node). For a
+    LeaderWorkerSet the groups are spread (leaders counted), never the pods of one group."""
     if p.workload != "inference" or not p.ask.asks_gpu:
         return False
     selector = _replica_selector(s, p)
     if not selector:
         return False
+    when = s.policy.spread_when_unsatisfiable
+    if s.kind == "LeaderWorkerSet" and p.template.role == "worker":
+        if any(q.template.role == "leader" for q in s.pods):
+            return False  # only leaders are counted: the leader template carries the spread
+        when = "ScheduleAnyway"  # one template for all: workers must follow their leader, never be held back
     keys = [HOSTNAME] + ([ZONE] if s.policy.spread_zones and s.inventory.zones else [])
     spec = child(p.pod, "spec")
     constraints = child(spec, "topologySpreadConstraints", list)
@@ -432,12 +482,58 @@ def inference_spread(s: Subject, p: Pod) -> bool:
             {
                 "maxSkew": 1,
                 "topologyKey": key,
-                "whenUnsatisfiable": s.policy.spread_when_unsatisfiable,
+                "whenUnsatisfiable": when,
                 "labelSelector": clone(selector),  # the workload's own selector stays unshared
             }
         )
         changed = True
     return changed
+
+
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"  # the same hash on every pod of one group
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"  # "0" on the leader
+LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+
+
+def _lws_size(s: Subject) -> int:
+    spec = s.obj.get("spec")
+    lwt = spec.get("leaderWorkerTemplate") if isinstance(spec, dict) else None
+    size = lwt.get("size", 1) if isinstance(lwt, dict) else 1
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
+
+
+def _lws_group_gpus(s: Subject) -> int:
+    """Whole GPUs of one group: every template's pods per group times its GPUs per pod."""
+    spec = s.obj.get("spec")
+    groups = spec.get("replicas", 1) if isinstance(spec, dict) else 1
+    groups = groups if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0 else 1
+    return sum(q.ask.whole_gpus * q.template.replicas // groups for q in s.pods)
+
+
+def inference_group(s: Subject, p: Pod) -> bool:
+    """inference-group: the pods of one multi-node LeaderWorkerSet group (one model replica) get required
+    podAffinity to each other (matchLabelKeys on the group key) in one domain of the narrowest topology level
+    that holds the group's GPUs: a replica split across zones or fabrics is slow or broken."""
+    if s.kind != "LeaderWorkerSet" or not s.name or not p.ask.asks_gpu or _lws_size(s) < 2:
+        return False
+    if LWS_EXCLUSIVE in meta_map(s.obj, "annotations"):
+        return False  # LWS places each group in its own domain of that level already
+    i = s.inventory.level_for(_lws_group_gpus(s), known=True)
+    if i is None:
+        return False  # no domain can hold a group: a required affinity would strand it
+    fine = s.inventory.level_finer[i]
+    aff = p.spec.get("affinity")
+    pa = aff.get("podAffinity") if isinstance(aff, dict) else None
+    req = pa.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(pa, dict) else None
+    if isinstance(req, list) and any(isinstance(t, dict) and t.get("topologyKey") in fine for t in req):
+        return False  # the user's own same-domain affinity at this level or finer wins
+    term = {
+        "labelSelector": {"matchLabels": {LWS_NAME: s.name}},
+        "matchLabelKeys": [LWS_GROUP_KEY],
+        "topologyKey": s.inventory.levels[i].key,
+    }
+    return _add_to_list(p.pod, ("affinity", "podAffinity", "requiredDuringSchedulingIgnoredDuringExecution"), term)
 
 
 def _replica_selector(s: Subject, p: Pod) -> Json | None:
@@ -447,7 +543,8 @@ def _replica_selector(s: Subject, p: Pod) -> Json | None:
             return {k: v for k, v in sel.items() if k in ("matchLabels", "matchExpressions")}
         return None
     if s.kind == "LeaderWorkerSet":
-        return {"matchLabels": {"leaderworkerset.sigs.k8s.io/name": s.name}} if s.name else None
+        # Spread groups, not the pods of one: count leaders only (inference-group keeps each group together).
+        return {"matchLabels": {LWS_NAME: s.name, LWS_WORKER_INDEX: "0"}} if s.name else None
     if s.kind == "Pod":
         meta = p.pod.get("metadata")
         owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
@@ -550,10 +647,11 @@ def has_rack_constraint(s: Subject, p: Pod) -> bool:
 
 
 def _rack_constraint(s: Subject, p: Pod) -> bool:
+    from policies import schedkeys
     from policies.selectors import required_terms
-    from policies.subject import meta_map
 
-    fine = s.inventory.rack_or_finer
+    domain = job_domain(s)
+    fine = domain[1] if domain else s.inventory.rack_or_finer
     spec = p.spec
     if isinstance(spec.get("nodeName"), str) and spec.get("nodeName"):
         return True
@@ -568,17 +666,11 @@ def _rack_constraint(s: Subject, p: Pod) -> bool:
     req = pa.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(pa, dict) else None
     if isinstance(req, list) and any(isinstance(t, dict) and t.get("topologyKey") in fine for t in req):
         return True
-    for src in (s.obj, p.pod):
-        ann = meta_map(src, "annotations")
-        if ann.get("kueue.x-k8s.io/podset-required-topology") in fine:
-            return True
-        if ann.get("kai.scheduler/topology-required-placement") in fine:
-            return True
-        if ann.get("volcano.sh/network-topology-mode") == "hard":
-            return True
-    vspec = s.obj.get("spec")
-    nt = vspec.get("networkTopology") if s.kind == "VolcanoJob" and isinstance(vspec, dict) else None
-    return isinstance(nt, dict) and nt.get("mode") == "hard"
+    # Scheduler keys count only where their scheduler reads them (policies/schedkeys.py).
+    if schedkeys.kueue_required(s, p) in fine or schedkeys.kai_required(s) in fine:
+        return True
+    level = next((i for i, lv in enumerate(s.inventory.levels) if domain and lv.key == domain[0]), None)
+    return schedkeys.volcano_confines(s, p, level)
 
 
 def _pins_domain(term: Any, fine: frozenset[str]) -> bool:
@@ -605,6 +697,7 @@ def _registry() -> tuple[Mutation, ...]:
         ("training-node-pack", training_node_pack, frozenset({POD_AFFINITY, METADATA})),
         ("job-size", job_size, frozenset({METADATA})),
         ("inference-spread", inference_spread, frozenset({SCHEDULING})),
+        ("inference-group", inference_group, frozenset({POD_AFFINITY})),
         ("gpu-toleration", gpu_toleration, frozenset({SCHEDULING})),
         ("scheduler-queue", scheduler_queue, frozenset({SCHEDULING, METADATA})),  # queue labels / annotation
     )

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies import comm, placement
+from policies import comm, placement, schedkeys
 from policies.classify import classify
 from policies.mutations import (
-    allreduce_estimate,
     has_queue,
     has_rack_constraint,
+    job_domain,
     larger_than_any_rack,
     no_domain_fits_note,
     prefers_domain,
@@ -23,6 +23,7 @@ from policies.mutations import (
 from policies.quantity import format_bytes
 from policies.resources import GPU, is_mig, is_shared, pod_ask
 from policies.subject import Pod, Subject, meta_map
+from policies.topology import Level, domains_text
 from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, containers, effective_kind, templates
 
 
@@ -47,24 +48,36 @@ def _training_pods(s: Subject) -> list[Pod]:
     return [p for p in s.gpu_pods if p.workload == "training"]
 
 
-def _penalty(s: Subject) -> str:
-    est = allreduce_estimate(s)
-    return comm.penalty_phrase(est) if est is not None else ""
+def _penalty(s: Subject, level: Level | None) -> str:
+    """The estimated cost of spreading the job over two domains of `level` (racks when unknown)."""
+    per_node = s.inventory.max_whole_gpus or 8
+    gpus = max(s.job.gpus, 2)
+    kind, across = ("switch", "racks") if level is None else (level.kind, domains_text(level, s.inventory.rack_label))
+    try:
+        return comm.level_phrase(kind, across, s.policy.comm.message_bytes, gpus, per_node, s.policy.comm.bandwidths())
+    except ValueError:
+        return ""
+
+
+def _job_level(s: Subject) -> Level | None:
+    domain = job_domain(s)
+    return next((lv for lv in s.inventory.levels if domain and lv.key == domain[0]), None)
 
 
 def training_same_rack(s: Subject) -> list[Violation]:
     """Checklist 1: pin training pods of one job to the same node or rack. Denies a multi-pod training job
-    that has, after mutation, no required constraint at rack level or finer."""
+    that has, after mutation, no required constraint at the narrowest topology level that can hold it (the
+    rack, an NVLink clique, a coarser switch level) or finer."""
     pods = _training_pods(s)
     if not pods or not s.job.multi_pod:
         return []
     missing = [p for p in pods if not has_rack_constraint(s, p)]
     if not missing:
         return []  # (first: the common case, a pod of a pinned template, decides no placement at all)
-    if larger_than_any_rack(s) or (s.inventory.empty and not s.inventory.rack_label):
-        return []  # cannot be met in one rack / nothing known to place by: training-topology-scheduler speaks
+    if larger_than_any_rack(s) or (s.inventory.empty and not s.inventory.levels):
+        return []  # cannot be met in one domain / nothing known to place by: training-topology-scheduler speaks
     d = s.placement
-    if d is not None and d.source == placement.NONE_FITS_NOW and s.inventory.rack_label:
+    if d is not None and d.source == placement.NONE_FITS_NOW:
         if s.policy.when_no_domain_fits == "prefer" and all(prefers_domain(p, d.key) for p in missing):
             # The webhook's own fallback: no rack holds the gang now, a required term would strand it. Said
             # here too: a workload's /validate call is the one whose warnings kubectl shows.
@@ -74,22 +87,23 @@ def training_same_rack(s: Subject) -> list[Violation]:
             return [_no_domain_fits(s, d)]
     roles = ", ".join(sorted({p.template.role for p in missing}))
     size = f"{s.job.gpus} GPUs" if s.job.gpus else "multi-pod"
-    penalty = _penalty(s)
+    level = _job_level(s)
+    penalty = _penalty(s, level)
     why = f"; {penalty}" if penalty else ""
-    if not s.inventory.rack_label:
+    domain = job_domain(s)
+    if domain is None:
         found = f"{size} training job with no same-rack constraint ({roles}) and no rack label on GPU nodes{why}"
         return [Violation(found, "set topology.rack in the policy or label GPU nodes with their rack")]
+    key = domain[0]
     if s.job.key is None:
         found = f"{size} training job ({roles}) has no job identity, so no same-rack affinity could be added{why}"
-        fix = (
-            f"give the pods a job label (e.g. gpu-admission.io/job) or a required podAffinity with "
-            f"topologyKey {s.inventory.rack_label}"
-        )
+        fix = f"give the pods a job label (e.g. gpu-admission.io/job) or a required podAffinity with topologyKey {key}"
         return [Violation(found, fix)]
-    found = f"{size} training job ({roles}) may be spread across racks{why}"
+    across = domains_text(level, s.inventory.rack_label) if level else "racks"
+    found = f"{size} training job ({roles}) may be spread across {across}{why}"
     fix = (
-        f"add required podAffinity with topologyKey {s.inventory.rack_label}, Kueue podset-required-topology, "
-        f"or enable the training-rack mutation"
+        f"add required podAffinity with topologyKey {key}, Kueue podset-required-topology, or enable the "
+        f"training-rack mutation"
     )
     return [Violation(found, fix)]
 
@@ -115,17 +129,41 @@ def training_topology_scheduler(s: Subject) -> list[Violation]:
     for p in pods:
         if p.spec.get("schedulerName") in s.policy.topology_schedulers:
             continue
-        anns = {**meta_map(s.obj, "annotations"), **p.annotations()}
-        if any(k.startswith(("kueue.x-k8s.io/podset-", "kai.scheduler/topology")) for k in anns):
+        if s.kind == "VolcanoJob" or schedkeys.uses_topology_scheduler(s, p):
             continue
-        if s.kind == "VolcanoJob" or anns.get("volcano.sh/network-topology-mode"):
-            continue
-        found = (
+        found = _spans_cliques(s) or (
             f"{s.job.gpus}-GPU job spans nodes (largest has {s.inventory.max_whole_gpus}) without a "
             f"topology-aware scheduler"
         )
         return [Violation(found, "use Volcano, Kueue topology-aware scheduling or KAI (schedulerName/annotations)")]
     return []
+
+
+def _spans_cliques(s: Subject) -> str:
+    """On clique-labelled nodes, a job larger than any NVLink clique: what leaving NVLink costs it."""
+    i = s.inventory.level_index("nvlink")
+    largest = s.inventory.levels[i].largest_gpus if i is not None else 0
+    if not largest or s.job.gpus <= largest:
+        return ""
+    try:
+        penalty = comm.nvlink_domain_penalty(s.policy.comm.message_bytes, s.job.gpus, s.policy.comm.bandwidths())
+    except ValueError:
+        penalty = None
+    cost = f": all-reduce ≈{penalty:.1f}× slower" if penalty else ""
+    return f"{s.job.gpus} GPUs span NVLink cliques (max {largest}){cost}; no topology-aware scheduler"
+
+
+def scheduler_topology_keys(s: Subject) -> list[Violation]:
+    """Topology keys on an object their scheduler does not read them from (Kueue: pod templates; KAI: the
+    workload, with kai.scheduler/topology; Volcano hard mode: a highest tier) place nothing: warns where each
+    belongs, since training-rack and training-same-rack then rightly ignore them."""
+    if not s.gpu_pods:
+        return []
+    found = schedkeys.misplaced(s)
+    if not found:
+        return []
+    more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+    return [Violation(found[0] + more, "move each key to where its scheduler reads it (docs/policy.md)")]
 
 
 def _elastic_signal(s: Subject) -> str | None:
@@ -391,6 +429,7 @@ def _registry() -> tuple[Rule, ...]:
         ("gpu-request-fits", gpu_request_fits, False),
         ("training-same-rack", training_same_rack, False),
         ("training-topology-scheduler", training_topology_scheduler, False),
+        ("scheduler-topology-keys", scheduler_topology_keys, False),
         ("training-elastic-shrink", training_elastic_shrink, True),
         ("training-queue-priority", training_queue_priority, False),
         ("shared-gpu-single", shared_gpu_single, False),

@@ -229,7 +229,10 @@ def pod_facts(pod: Mapping[str, Any]) -> tuple[dict[str, int], str | None]:
 
 
 def _decide_placement(s: Subject) -> placement.Decision | None:
-    key = s.inventory.rack_label
+    from policies.mutations import job_domain  # (mutations imports this module)
+
+    domain = job_domain(s)  # the narrowest topology level whose domains can hold the job
+    key = domain[0] if domain is not None else None
     job = s.job
     jid = s.job_id()
     pods = [p for p in s.gpu_pods if p.workload == "training" and p.ask.whole_gpus > 0]

@@ -285,3 +285,18 @@ def test_penalty_phrase() -> None:
 def test_bad_inputs_raise_value_error(call: object) -> None:
     with pytest.raises(ValueError):
         call()  # type: ignore[operator]
+
+
+def test_nvlink_domain_penalty_by_hand() -> None:
+    """16 ranks, NVLink 400 Gb/s (50 GB/s) and network 200 Gb/s (25 GB/s): in one clique a ring over all 16 on
+    NVLink, 2·15/16·S/50 = 0.0375·S; over two cliques 2·7/8·S/50 + 2·1/2·S/(8·25) = 0.035·S + 0.005·S = 0.04·S:
+    1.0667×. With GB200's NVLink 5 (7200 Gb/s = 900 GB/s): 1.875·S/900 vs 1.75·S/900 + S/200, 3.333×."""
+    from policies.comm import Bandwidths, nvlink_domain_penalty
+
+    size = 16 * 10**6
+    assert nvlink_domain_penalty(size, 16) == pytest.approx(0.04 / 0.0375)
+    assert nvlink_domain_penalty(size, 16, Bandwidths(nvlink_gbps=7200)) == pytest.approx(
+        (1.75 / 900 + 1 / 200) / (1.875 / 900)
+    )
+    assert nvlink_domain_penalty(size, 2) == pytest.approx(2.0)  # one rank each side: NVLink vs the network
+    assert nvlink_domain_penalty(size, 1) is None

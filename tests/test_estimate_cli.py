@@ -141,3 +141,12 @@ def test_bad_input_is_one_line_exit_2(args: list[str], fragment: str) -> None:
 def test_message_size_spellings(size: str, expected: int) -> None:
     document = as_json("--gpus", "8", "--gpus-per-node", "8", "--message-size", size)
     assert document["messageSizeBytes"] == expected
+
+
+def test_nvlink_domain_adds_the_clique_penalty() -> None:
+    table = estimate("--gpus", "16", "--gpus-per-node", "4", "--nvlink-gbps", "7200", "--nvlink-domain")
+    assert table.returncode == 0, table.stderr
+    assert "all-reduce ≈3.3× slower across NVLink cliques than in one" in table.stdout
+    document = as_json("--gpus", "16", "--gpus-per-node", "4", "--nvlink-gbps", "7200", "--nvlink-domain")
+    assert document["nvlinkDomainPenalty"] == pytest.approx((1.75 / 900 + 1 / 200) / (1.875 / 900))
+    assert "nvlinkDomainPenalty" not in as_json("--gpus", "16", "--gpus-per-node", "4")

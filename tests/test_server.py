@@ -226,6 +226,9 @@ def test_health_ready_metrics_version(client: httpx.Client) -> None:
     details = ready.json()
     assert details["ready"] is True and details["certificates"]["loaded"] is True
     assert details["inventory"]["rackLabel"] == "topology.kubernetes.io/rack"
+    levels = details["inventory"]["levels"]
+    assert [lv["key"] for lv in levels] == ["topology.kubernetes.io/rack", "topology.kubernetes.io/zone"]
+    assert levels[0]["largestDomainGpus"] == 16 and "slower across racks" in levels[0]["penalty"]
     assert details["policy"]["hash"].startswith("sha256:")
     text = client.get("/metrics").text
     assert 'gpu_admission_requests_total{webhook="mutate",verdict="allow"}' in text

@@ -22,6 +22,8 @@ from policies.comm import (
     PLACEMENTS,
     Bandwidths,
     Estimate,
+    level_phrase,
+    nvlink_domain_penalty,
     penalty_phrase,
     placement_estimate,
 )
@@ -78,6 +80,11 @@ def register(subparsers: Any) -> None:
         metavar="US",
         default="0",
         help="extra µs per inter-node step that crosses racks (default: %(default)s)",
+    )
+    p.add_argument(
+        "--nvlink-domain",
+        action="store_true",
+        help="the job runs in a multi-node NVLink domain (GB200 NVL72 clique): also estimate splitting it over two",
     )
     p.add_argument("-o", "--output", metavar="FORMAT", default="table", help="table (default) or json")
     p.set_defaults(func=run)
@@ -161,7 +168,19 @@ def _why_infeasible(name: str, estimate: Estimate) -> str:
     return "n/a (1 GPU: nothing to spread)"
 
 
-def _table(estimate: Estimate) -> str:
+def _clique_line(estimate: Estimate) -> str:
+    """Across two NVLink cliques vs in one: NVLink stops at the clique edge (docs/policy.md, NCCL)."""
+    return level_phrase(
+        "nvlink",
+        "NVLink cliques",
+        estimate.size_bytes,
+        estimate.total_gpus,
+        estimate.gpus_per_node,
+        estimate.bandwidths,
+    )
+
+
+def _table(estimate: Estimate, clique: bool = False) -> str:
     header = (
         f"{estimate.total_gpus} GPUs, {estimate.gpus_per_node} per node, all-reduce of "
         f"{estimate.size_bytes} bytes ({format_bytes(estimate.size_bytes)})"
@@ -176,11 +195,13 @@ def _table(estimate: Estimate) -> str:
             f"{row['placement']:<12}{row['nodes']:>6}{row['racks']:>6}{row['ms']:>11.3f} ms{row['ratio']:>8.2f}×{best}"
         )
     lines.append(penalty_phrase(estimate))
+    if clique:
+        lines.append(_clique_line(estimate))
     lines.append(f"assumptions: {estimate.assumptions}")
     return "\n".join(lines)
 
 
-def _json(estimate: Estimate) -> str:
+def _json(estimate: Estimate, clique: bool = False) -> str:
     bw = estimate.bandwidths
     document = {
         "gpus": estimate.total_gpus,
@@ -200,11 +221,17 @@ def _json(estimate: Estimate) -> str:
         "penalty": penalty_phrase(estimate),
         "assumptions": estimate.assumptions,
     }
+    if clique:
+        document["nvlinkDomainPenalty"] = nvlink_domain_penalty(
+            estimate.size_bytes, estimate.total_gpus, estimate.bandwidths
+        )
+        document["nvlinkDomainPhrase"] = _clique_line(estimate)
     return json.dumps(document, indent=2, ensure_ascii=False)
 
 
 def run(args: argparse.Namespace) -> int:
     gpus, per_node, size, bandwidths, output = _inputs(args)
     estimate = placement_estimate(size, gpus, per_node, bandwidths)
-    print(_json(estimate) if output == "json" else _table(estimate))
+    clique = bool(args.nvlink_domain)
+    print(_json(estimate, clique) if output == "json" else _table(estimate, clique))
     return 0

@@ -324,6 +324,7 @@ class State:
                 "synced": self.status.inventory_synced,
                 "gpuNodes": inv.node_count,
                 "rackLabel": inv.rack_label,
+                "levels": inventory_mod.level_report(inv, snap.policy),
                 "warnings": list(inv.warnings),
             },
             "namespacesSynced": self.status.namespaces_synced,
