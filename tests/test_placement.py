@@ -226,8 +226,13 @@ def test_prefer_terms_without_the_fallback_condition_are_not_a_rack_constraint()
     assert [d.rule for d in r.denials] == ["training-same-rack"]
 
 
-def test_a_job_no_rack_can_ever_hold_gets_no_required_term() -> None:
-    r = run(job("j", 5, 8), capacity())  # 40 GPUs > rack-big's 32
+def test_a_job_no_rack_can_ever_hold_goes_to_the_zone_and_one_no_level_holds_gets_no_required_term() -> None:
+    r = run(job("j", 5, 8), capacity())  # 40 GPUs > rack-big's 32, within the zone's 48 (#12's levels)
+    assert "training-rack" in r.mutations and r.allowed
+    affinity = r.object["spec"]["template"]["spec"]["affinity"]
+    terms = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert [t["topologyKey"] for t in terms] == ["topology.kubernetes.io/zone"]
+    r = run(job("j", 7, 8), capacity())  # 56 GPUs > the zone's 48: a required term would strand it
     assert "training-rack" not in r.mutations and r.allowed
 
 
