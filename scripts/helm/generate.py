@@ -229,7 +229,6 @@ def chart_yaml() -> str:
             "version": version,
             "appVersion": version,
             "kubeVersion": ">=1.30.0-0",
-            "home": "https://github.com/gpu-admission/gpu-admission",
         },
         sort_keys=False,
     )
@@ -250,7 +249,7 @@ def values_yaml(base: dict[tuple[str, str, str], Obj]) -> str:
     policy = base[("ConfigMap", NAMESPACE, "gpu-admission-policy")]["data"]["policy.yaml"]
     head = (
         HEADER.format(source="deploy/base")
-        + "# Every key is documented in docs/deploy.md (Helm); values.schema.json checks them.\n\n"
+        + "# Every key is documented in docs/deploy.md (Helm); values.schema.json checks them.\n"
     )
     doc = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": server["imagePullPolicy"]},
@@ -261,10 +260,27 @@ def values_yaml(base: dict[tuple[str, str, str], Obj]) -> str:
         "resources": server["resources"],
         "audit": {"stdout": True, "file": "", "maxBytes": "", "backups": None, "compress": False, "queue": None},
     }
-    body = yaml.safe_dump(doc, sort_keys=False)
+    body = "".join(
+        (f"\n# {VALUE_COMMENTS[line.split(':')[0]]}\n" if line.split(":")[0] in VALUE_COMMENTS else "") + line
+        for line in yaml.safe_dump(doc, sort_keys=False).splitlines(True)
+    )
     # The policy last, as a literal block: the whole policy document (--set-file policy=FILE replaces it).
-    policy_block = "policy: |\n" + "".join(f"  {line}" if line.strip() else "\n" for line in policy.splitlines(True))
+    policy_block = f"\n# {VALUE_COMMENTS['policy']}\npolicy: |\n" + "".join(
+        f"  {line}" if line.strip() else "\n" for line in policy.splitlines(True)
+    )
     return head + body + policy_block
+
+
+VALUE_COMMENTS = {
+    "image": "The server image (also used by the certs Job and CronJob).",
+    "replicas": "Server replicas (1-10); the PDB keeps one available.",
+    "failurePolicy": "Every webhook's failurePolicy: Fail (default, closed) or Ignore.",
+    "excludedNamespaces": "Namespaces no webhook is called for; gpu-admission itself is always added.",
+    "certificates": "self-managed (the certs Job and CronJob) or cert-manager (installed first).",
+    "resources": "The server container's requests and limits.",
+    "audit": "The audit log: stdout, or a file under /tmp with rotation (maxBytes, backups, compress); queue size.",
+    "policy": "The policy document (--set-file policy=FILE); check it with `gpu-admission policy validate FILE`.",
+}
 
 
 SCHEMA: dict[str, Any] = {

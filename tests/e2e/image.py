@@ -53,10 +53,18 @@ class Image:
     def remove(self, container: str) -> None:
         self.buildah("rm", container, check=False)
 
+    @staticmethod
+    def _run_args(container: str, argv: tuple[str, ...], mounts: dict[Path, str] | None) -> list[str]:
+        volumes = [f"-v={src}:{dst}:ro" for src, dst in (mounts or {}).items()]
+        return ["run", "--isolation", "chroot", *volumes, container, "--", *argv]
+
     def run_cmd(self, container: str, *argv: str, mounts: dict[Path, str] | None = None) -> list[str]:
         """The argv that runs `argv` in the container, as the image's user, with read-only bind mounts."""
-        volumes = [f"-v={src}:{dst}:ro" for src, dst in (mounts or {}).items()]
-        return ["buildah", *self.buildah_args, "run", "--isolation", "chroot", *volumes, container, "--", *argv]
+        return ["buildah", *self.buildah_args, *self._run_args(container, argv, mounts)]
+
+    def run(self, container: str, *argv: str) -> str:
+        """Run `argv` in the container to completion; its stdout (ImageError if it fails)."""
+        return self.buildah(*self._run_args(container, argv, None), timeout=120).stdout
 
 
 def build_image(timeout: float = 3600) -> Image:

@@ -37,26 +37,20 @@ def container(image: Image) -> Iterator[str]:
         image.remove(name)
 
 
-def run_in(image: Image, container: str, *argv: str) -> str:
-    cmd = image.run_cmd(container, *argv)
-    proc = image.buildah(*cmd[1 + len(image.buildah_args) :], timeout=120)
-    return proc.stdout
-
-
 def test_runs_as_the_nonroot_user(image: Image, container: str) -> None:
     config = json.loads(image.buildah("inspect", "--type", "image", image.ref).stdout)["OCIv1"]["config"]
     assert config["User"] == f"{NONROOT}:{NONROOT}"
     assert config["Entrypoint"] == ["gpu-admission"]
-    assert run_in(image, container, "id", "-u").strip() == str(NONROOT)
+    assert image.run(container, "id", "-u").strip() == str(NONROOT)
     # Nothing but /tmp is writable for that user (the Deployment also mounts the root filesystem read-only).
-    assert run_in(image, container, "sh", "-c", "test -w /opt/venv || echo read-only").strip() == "read-only"
+    assert image.run(container, "sh", "-c", "test -w /opt/venv || echo read-only").strip() == "read-only"
 
 
 def test_version_and_no_build_tooling(image: Image, container: str) -> None:
     version = (ROOT / "pyproject.toml").read_text().split('version = "', 1)[1].split('"', 1)[0]
-    assert run_in(image, container, "gpu-admission", "--version") == f"gpu-admission {version}\n"
+    assert image.run(container, "gpu-admission", "--version") == f"gpu-admission {version}\n"
     probe = "import importlib.util as u; print([m for m in ('pip', 'setuptools') if u.find_spec(m)])"
-    assert run_in(image, container, "python", "-c", probe).strip() == "[]"
+    assert image.run(container, "python", "-c", probe).strip() == "[]"
 
 
 class ImageWebhook(Webhook):
