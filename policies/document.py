@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 
 from policies import comm
+from policies.limits import MAX_DEPTH, LimitError, check_yaml, json_too_deep
 from policies.quantity import QuantityError, parse_bytes
 
 API_VERSION = "gpu-admission.io/v1alpha1"
@@ -50,6 +52,22 @@ MUTATION_IDS = (
 QUEUE_SYSTEMS = ("", "kueue", "volcano", "kai")
 SHARING = ("none", "time-slicing", "mps")
 MIG_STRATEGIES = ("none", "single", "mixed")
+
+# Limits on a policy document. Every number is finite and within a range, every list and string bounded:
+# a policy that validates must never make the server fail later (a `pools[].nodes` of 10^8 once took the
+# reload past 600 MiB; an infinite bandwidth made a rule raise on every review). One ConfigMap holds at most
+# 1 MiB; the ranges are far beyond any real cluster (docs/policy.md, "Limits").
+MAX_POLICY_BYTES = 2**20
+MAX_LIST = 1000  # pools, tolerations, topologySchedulers; also entries of a nodeSelector or migProfiles
+MAX_STRING = 1024
+MAX_POOL_NODES = 10_000  # declared nodes, per pool and over all pools
+MAX_GPUS_PER_NODE = 64
+MAX_REPLICAS = 1024  # time-slicing / MPS sharers per GPU
+MAX_MIG_SLICES = 1024
+MAX_WARM_POOL = 100_000
+MAX_MESSAGE_BYTES = 2**40  # an all-reduce message of 1 TiB
+MAX_GBPS = 100_000.0  # 100 Tb/s per GPU per direction
+MAX_OVERSUBSCRIPTION = 1000.0
 
 
 class PolicyError(ValueError):
@@ -188,7 +206,17 @@ class _Checker:
         if not isinstance(value, str):
             self.err(_join(path, key), f"must be a string, got {_type(value)}")
             return default
+        if len(value) > MAX_STRING:
+            self.err(_join(path, key), f"must be at most {MAX_STRING} characters, got {len(value)}")
+            return default
         return value
+
+    def items(self, value: list[Any] | Mapping[str, Any], path: str, limit: int = MAX_LIST) -> bool:
+        """Whether a list or mapping is within its length limit (recording the error when not)."""
+        if len(value) > limit:
+            self.err(path, f"must have at most {limit} entries, got {len(value)}")
+            return False
+        return True
 
     def boolean(self, doc: Mapping[str, Any], key: str, default: bool, path: str) -> bool:
         value = doc.get(key, default)
@@ -197,26 +225,37 @@ class _Checker:
             return default
         return value
 
-    def integer(self, doc: Mapping[str, Any], key: str, default: int, path: str, minimum: int = 0) -> int:
+    def integer(
+        self, doc: Mapping[str, Any], key: str, default: int, path: str, minimum: int = 0, *, maximum: int
+    ) -> int:
         value = doc.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            self.err(_join(path, key), f"must be an integer, got {value!r}")
+            self.err(_join(path, key), f"must be an integer, got {_short(value)}")
             return default
-        if value < minimum:
-            self.err(_join(path, key), f"must be at least {minimum}, got {value}")
+        if not minimum <= value <= maximum:
+            self.err(_join(path, key), f"must be between {minimum} and {maximum}, got {_short(value)}")
             return default
         return value
 
-    def number(self, doc: Mapping[str, Any], key: str, default: float, path: str) -> float:
+    def number(self, doc: Mapping[str, Any], key: str, default: float, path: str, *, maximum: float) -> float:
         value = doc.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            self.err(_join(path, key), f"must be a positive number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            self.err(_join(path, key), f"must be a finite number, got {_short(value)}")
+            return default
+        if not 0 < value <= maximum:
+            self.err(_join(path, key), f"must be positive and at most {maximum:g}, got {_short(value)}")
             return default
         return float(value)
 
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+def _short(value: object) -> str:
+    """A value for an error message, cut short: an error line never carries a megabyte of input."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _type(value: object) -> str:
@@ -273,6 +312,8 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
     c = _Checker()
     if not isinstance(doc, Mapping):
         raise PolicyError([f"(root): must be a mapping, got {_type(doc)}"])
+    if json_too_deep(doc):
+        raise PolicyError([f"(root): nests deeper than {MAX_DEPTH} levels"])
     c.known(doc, _TOP, "")
     if doc.get("apiVersion") != API_VERSION:
         c.err("apiVersion", f"must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
@@ -304,6 +345,8 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
     training_pool = c.string(tr, "pool", "", "training")
     if training_pool and training_pool not in {p.name for p in pools}:
         c.err("training.pool", f"names no declared pool: {training_pool!r}")
+    scheduler_name = c.string(tr, "schedulerName", "", "training")
+    priority_class = c.string(tr, "priorityClassName", "", "training")
     queue = c.mapping(tr, "queue", "training")
     c.known(queue, ("system", "name"), "training.queue")
     queue_system = c.choice(queue, "system", QUEUE_SYSTEMS, "", "training.queue")
@@ -311,13 +354,15 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
     if bool(queue_system) != bool(queue_name):
         c.err("training.queue", "system and name go together: set both or neither")
     ts = tr.get("topologySchedulers", ["volcano", "kai-scheduler"])
-    if not isinstance(ts, list) or not all(isinstance(s, str) and s for s in ts):
+    if not isinstance(ts, list) or not all(isinstance(s, str) and 0 < len(s) <= MAX_STRING for s in ts):
         c.err("training.topologySchedulers", "must be a list of scheduler names")
+        ts = []
+    elif not c.items(ts, "training.topologySchedulers"):
         ts = []
 
     inf = c.mapping(doc, "inference", "")
     c.known(inf, ("warmPool", "spread"), "inference")
-    warm_pool = c.integer(inf, "warmPool", 1, "inference")
+    warm_pool = c.integer(inf, "warmPool", 1, "inference", maximum=MAX_WARM_POOL)
     spread = c.mapping(inf, "spread", "inference")
     c.known(spread, ("whenUnsatisfiable", "zones"), "inference.spread")
     when = c.choice(
@@ -334,16 +379,22 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
     message_bytes = 16 * 2**20
     if "messageSize" in cm:
         try:
-            message_bytes = parse_bytes(cm["messageSize"])
-            if message_bytes <= 0:
-                c.err("comm.messageSize", "must be positive")
-        except QuantityError as exc:
-            c.err("comm.messageSize", str(exc))
+            raw_size = cm["messageSize"]
+            if isinstance(raw_size, float) and not math.isfinite(raw_size):
+                raise QuantityError(f"must be a finite size, got {raw_size!r}")
+            message_bytes = parse_bytes(raw_size)
+            if not 0 < message_bytes <= MAX_MESSAGE_BYTES:
+                c.err("comm.messageSize", f"must be positive and at most 1Ti, got {_short(raw_size)}")
+                message_bytes = 16 * 2**20
+        except (QuantityError, OverflowError) as exc:
+            c.err("comm.messageSize", str(exc) if isinstance(exc, QuantityError) else "must be a finite size")
     comm = CommSettings(
         message_bytes=message_bytes,
-        nvlink_gbps=c.number(cm, "nvlinkGbps", 400.0, "comm"),
-        network_gbps=c.number(cm, "networkGbps", 200.0, "comm"),
-        cross_rack_oversubscription=c.number(cm, "crossRackOversubscription", 2.0, "comm"),
+        nvlink_gbps=c.number(cm, "nvlinkGbps", 400.0, "comm", maximum=MAX_GBPS),
+        network_gbps=c.number(cm, "networkGbps", 200.0, "comm", maximum=MAX_GBPS),
+        cross_rack_oversubscription=c.number(
+            cm, "crossRackOversubscription", 2.0, "comm", maximum=MAX_OVERSUBSCRIPTION
+        ),
     )
 
     pl = c.mapping(doc, "placement", "")
@@ -365,10 +416,10 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
         levels=levels,
         pools=pools,
         training_pool=training_pool,
-        scheduler_name=c.string(tr, "schedulerName", "", "training"),
+        scheduler_name=scheduler_name,
         queue_system=queue_system,
         queue_name=queue_name,
-        priority_class=c.string(tr, "priorityClassName", "", "training"),
+        priority_class=priority_class,
         topology_schedulers=frozenset(ts),
         warm_pool=warm_pool,
         spread_when_unsatisfiable=when,
@@ -390,6 +441,8 @@ def _pools(c: _Checker, raw: object) -> tuple[Pool, ...]:
         return ()
     if not isinstance(raw, list):
         c.err("pools", f"must be a list, got {_type(raw)}")
+        return ()
+    if not c.items(raw, "pools"):
         return ()
     out: list[Pool] = []
     names: set[str] = set()
@@ -425,27 +478,38 @@ def _pools(c: _Checker, raw: object) -> tuple[Pool, ...]:
         ):
             c.err(f"{path}.nodeSelector", "must be a non-empty mapping of label keys to string values")
             sel = {}
+        elif not c.items(sel, f"{path}.nodeSelector") or any(len(k) + len(v) > MAX_STRING for k, v in sel.items()):
+            if len(sel) <= MAX_LIST:
+                c.err(f"{path}.nodeSelector", f"keys and values must be at most {MAX_STRING} characters")
+            sel = {}
         profiles = item.get("migProfiles", {}) or {}
         if not isinstance(profiles, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            isinstance(k, str) and len(k) <= MAX_STRING and isinstance(v, int) and not isinstance(v, bool)
             for k, v in profiles.items()
         ):
             c.err(f"{path}.migProfiles", "must map MIG profile names (e.g. 1g.10gb) to slice counts")
+            profiles = {}
+        elif not c.items(profiles, f"{path}.migProfiles"):
+            profiles = {}
+        elif any(not 0 <= v <= MAX_MIG_SLICES for v in profiles.values()):
+            c.err(f"{path}.migProfiles", f"slice counts must be between 0 and {MAX_MIG_SLICES}")
             profiles = {}
         out.append(
             Pool(
                 name=name,
                 node_selector=dict(sel),
                 product=c.string(item, "product", "", path),
-                gpus_per_node=c.integer(item, "gpusPerNode", 0, path),
-                nodes=c.integer(item, "nodes", 1, path, minimum=1),
+                gpus_per_node=c.integer(item, "gpusPerNode", 0, path, maximum=MAX_GPUS_PER_NODE),
+                nodes=c.integer(item, "nodes", 1, path, minimum=1, maximum=MAX_POOL_NODES),
                 rack=c.string(item, "rack", "", path),
                 sharing=c.choice(item, "sharing", SHARING, "none", path),
-                replicas=c.integer(item, "replicas", 1, path, minimum=1),
+                replicas=c.integer(item, "replicas", 1, path, minimum=1, maximum=MAX_REPLICAS),
                 mig_strategy=c.choice(item, "migStrategy", MIG_STRATEGIES, "none", path),
                 mig_profiles=dict(profiles),
             )
         )
+    if sum(p.nodes for p in out) > MAX_POOL_NODES:
+        c.err("pools", f"declare at most {MAX_POOL_NODES} nodes in all, got {sum(p.nodes for p in out)}")
     return tuple(out)
 
 
@@ -454,6 +518,8 @@ def _tolerations(c: _Checker, raw: object) -> tuple[Toleration, ...]:
         return ()
     if not isinstance(raw, list):
         c.err("gpuNodes.tolerations", f"must be a list, got {_type(raw)}")
+        return ()
+    if not c.items(raw, "gpuNodes.tolerations"):
         return ()
     out = []
     for i, item in enumerate(raw):
@@ -473,7 +539,14 @@ def _tolerations(c: _Checker, raw: object) -> tuple[Toleration, ...]:
 
 
 def parse_policy_text(text: str) -> Policy:
-    """Parse YAML text and compile it; YAML errors become a PolicyError with the line number."""
+    """Parse YAML text and compile it; YAML errors become a PolicyError with the line number. The size,
+    nesting depth and alias expansion are checked first, on the event stream (policies/limits.py)."""
+    if len(text) > MAX_POLICY_BYTES or len(text.encode()) > MAX_POLICY_BYTES:
+        raise PolicyError([f"(document): larger than {MAX_POLICY_BYTES} bytes (the most one ConfigMap holds)"])
+    try:
+        check_yaml(text, "(document)")
+    except LimitError as exc:
+        raise PolicyError([f"line {exc.line}, column {exc.column}: {exc.problem}"]) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -16,7 +16,7 @@ HEAD = "apiVersion: gpu-admission.io/v1alpha1\nkind: Policy\n"
         ("rules:\n  training-same-rack: deny\n", "rules.training-same-rack (line 4): must be one of"),
         ("rules:\n  gpu-request-fit: enforce\n", "rules.gpu-request-fit (line 4): unknown field (did you mean"),
         ("mutations:\n  gpu-slice: yes-please\n", "mutations.gpu-slice (line 4): must be true or false"),
-        ("inference:\n  warmPool: -1\n", "inference.warmPool (line 4): must be at least 0"),
+        ("inference:\n  warmPool: -1\n", "inference.warmPool (line 4): must be between 0 and 100000, got -1"),
         ("training:\n  queue: {system: kueue}\n", "training.queue (line 4): system and name go together"),
         ("training:\n  pool: h100\n", "training.pool (line 4): names no declared pool"),
         ("pools:\n  - name: a\n    nodeSelector: {}\n", "pools[0].nodeSelector (line 5): must be a non-empty mapping"),

@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from policies.limits import MAX_DEPTH, json_bytes_too_deep
+
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 WARNING_MAX = 120  # the API server accepts longer, but kubectl lines and the 4 KiB total favour short ones
@@ -44,6 +46,8 @@ def parse(body: bytes) -> Request:
         if "utf-8" in msg.lower() or "surrogate" in msg.lower():
             raise BadRequest("request body is not valid UTF-8") from None
         raise BadRequest(f"request body is not valid JSON: {msg}") from None
+    if json_bytes_too_deep(body, doc):
+        raise BadRequest(f"request body nests deeper than {MAX_DEPTH} levels")
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object (an AdmissionReview)")
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:

@@ -24,8 +24,12 @@ from typing import IO, Any
 
 import orjson
 
+from policies.limits import json_bytes_too_deep
 from webhook.audit import ROTATED_SUFFIX, format_time, is_stale, parse_time
 from webhook.cli import UsageError
+
+# A record is a few KiB (its patch is the largest part); a longer line is not one of ours.
+MAX_LINE = 4 * 2**20
 
 VERDICTS = ("allow", "warn", "deny")
 FIRED = ("deny", "warn", "audit", "error")  # rule outcomes that count as the rule firing
@@ -104,8 +108,8 @@ class Reader:
 
     def _lines(self, name: str, raw: IO[bytes]) -> Iterator[Entry]:
         try:
-            stream: Iterable[bytes] = gzip.GzipFile(fileobj=raw) if _is_gzip(raw) else raw
-            for line in stream:
+            stream: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=raw) if _is_gzip(raw) else raw
+            for line in _bounded_lines(stream):
                 entry = self._parse(line)
                 if entry is not None:
                     yield entry
@@ -122,12 +126,29 @@ class Reader:
             rec = orjson.loads(line[start:]) if start >= 0 else None
         except orjson.JSONDecodeError:
             rec = None
+        if json_bytes_too_deep(line, rec):
+            rec = None  # not a record this program wrote (they nest ~10 levels); skipped like any other
         entry = _as_entry(rec)
         if entry is None:
             self.skipped += 1
         else:
             self.records += 1
         return entry
+
+
+def _bounded_lines(stream: IO[bytes] | gzip.GzipFile) -> Iterator[bytes]:
+    """The lines of a stream, each at most MAX_LINE bytes in memory: the rest of a longer line (not a record
+    this program wrote) is read past in MAX_LINE pieces and counted as one skipped line."""
+    while True:
+        line = stream.readline(MAX_LINE + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE and not line.endswith(b"\n"):
+            while (rest := stream.readline(MAX_LINE)) and not rest.endswith(b"\n"):
+                pass
+            yield b"{"  # counted as a skipped line
+            continue
+        yield line
 
 
 def _is_gzip(stream: IO[bytes]) -> bool:

@@ -11,12 +11,13 @@ import yaml
 
 from cluster.pods import PodView
 from policies import inventory as inventory_mod
-from policies.document import Policy, PolicyError, default_policy, parse_policy_text
+from policies.document import MAX_POLICY_BYTES, Policy, PolicyError, default_policy, parse_policy_text
 from policies.engine import Review, ReviewContext, review
 from policies.placement import Capacity
+from policies.quantity import parse_bytes
 from policies.subject import pod_facts
 from webhook.cli import UsageError
-from webhook.manifests import ManifestError, load_objects
+from webhook.manifests import DEFAULT_LIMITS, Limits, ManifestError, load_objects
 from webhook.reservations import Reservations
 from webhook.state import capacity_of
 
@@ -37,7 +38,18 @@ def register(sub: Any) -> None:
                    help="Pods (kubectl get pods -A -o yaml): GPUs they hold, for placement (repeatable)")  # fmt: skip
     p.add_argument("--no-mutate", action="store_true", help="validate the objects as given")
     p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    p.add_argument("--max-input", type=_size, default=DEFAULT_LIMITS.max_bytes, metavar="SIZE",
+                   help="bytes read over all -f inputs, a quantity such as 64Mi (default 32Mi)")  # fmt: skip
+    p.add_argument("--max-objects", type=int, default=DEFAULT_LIMITS.max_objects, metavar="N",
+                   help="objects (and YAML documents) over all -f inputs (default 20000)")  # fmt: skip
     p.set_defaults(func=run)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def load_policy(path: str | None) -> Policy:
@@ -45,7 +57,7 @@ def load_policy(path: str | None) -> Policy:
         return default_policy()
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_POLICY_BYTES + 1)  # the parser reports a longer one
     except OSError as exc:
         raise UsageError(f"policy {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -121,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     # Jobs pinned earlier in the input hold their GPUs for the later ones, as the server's reservations do.
     reservations = Reservations(clock=lambda: 0.0)
     try:
-        objects = load_objects(args.filename)
+        objects = load_objects(args.filename, Limits(max_bytes=args.max_input, max_objects=args.max_objects))
     except ManifestError as exc:
         raise UsageError(str(exc)) from None
     index = {_key(o): o for o in objects}

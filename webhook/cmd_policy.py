@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from policies.document import PolicyError, default_policy_text, parse_policy_text
+from policies.document import MAX_POLICY_BYTES, PolicyError, default_policy_text, parse_policy_text
 from policies.policydiff import describe_changes
 from webhook.cli import UsageError
 
@@ -28,10 +28,10 @@ def register(sub: Any) -> None:
 
 def _read(path: str) -> str:
     if path == "-":
-        return sys.stdin.read()
+        return sys.stdin.read(MAX_POLICY_BYTES + 1)  # the parser reports a longer one
     try:
         with open(path, encoding="utf-8") as f:
-            return f.read()
+            return f.read(MAX_POLICY_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

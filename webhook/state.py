@@ -22,7 +22,7 @@ from cluster.coalesce import Coalescer
 from cluster.nodes import NodeTransform
 from cluster.pods import PodSnapshot, PodView
 from policies import inventory as inventory_mod
-from policies.document import Policy, PolicyError, default_policy, parse_policy_text
+from policies.document import MAX_POLICY_BYTES, Policy, PolicyError, default_policy, parse_policy_text
 from policies.inventory import Inventory
 from policies.placement import Capacity
 from policies.resources import GPU
@@ -32,6 +32,8 @@ from webhook.reservations import Reservations
 log = logging.getLogger("gpu-admission.state")
 
 POLICY_KEY = "policy.yaml"
+# Seconds an edited policy file must stay unchanged before it loads (a half-written file is not served).
+POLICY_SETTLE = 0.3
 # HPA / ScaledObject targets resolved from the cache; CRD targets fall back to classification by kind.
 TARGET_PATHS = {"Deployment": "/apis/apps/v1/deployments", "StatefulSet": "/apis/apps/v1/statefulsets"}
 # Node events are applied to the inventory in batches at most this often (seconds): a storm of updates costs
@@ -164,31 +166,45 @@ class State:
     # -- sources --------------------------------------------------------------------------------------
 
     def load_policy_text(self, text: str, source: str) -> bool:
+        """Load a policy edit, or report why not. Never raises: a watcher thread that died on a MemoryError or
+        RecursionError would leave every later edit unloaded while /readyz said ready."""
         try:
-            policy = parse_policy_text(text)
+            self.set_policy(parse_policy_text(text), source)
         except PolicyError as exc:
             self.policy_failed("; ".join(exc.errors[:5]), source)
             return False
-        self.set_policy(policy, source)
+        except Exception as exc:
+            log.exception("policy reload failed", extra={"source": source})
+            self.policy_failed(f"reload failed: {type(exc).__name__}: {str(exc)[:200]}", source)
+            return False
         return True
 
-    def watch_policy_file(self, path: str, interval: float = 1.0) -> None:
-        """Load now (a bad file is a start-up error) and reload when the file changes."""
+    def watch_policy_file(self, path: str, interval: float = 1.0, settle: float = POLICY_SETTLE) -> None:
+        """Load now (a bad file is a start-up error) and reload when the file changes, once its content has
+        stayed the same for `settle` seconds: an editor or `cp` caught half-way is not served."""
+        first = _stat(path)  # before the read: an edit made from now on is seen as a change
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_POLICY_BYTES + 1)
         self.set_policy(parse_policy_text(text), f"file:{path}")
 
         def loop() -> None:
-            last = _stat(path)
+            last = first
             while not self._stop.wait(interval):
-                now = _stat(path)
-                if now != last:
+                try:
+                    now = _stat(path)
+                    if now == last:
+                        continue
+                    text = _read_settled(path, settle, self._stop)
+                    if text is None:
+                        continue  # still being written (or stopping): look again next time
                     last = now
-                    try:
-                        with open(path, encoding="utf-8") as f:
-                            self.load_policy_text(f.read(), f"file:{path}")
-                    except (OSError, UnicodeDecodeError) as exc:
-                        self.policy_failed(f"cannot read {path}: {exc}", f"file:{path}")
+                    self.load_policy_text(text, f"file:{path}")
+                except (OSError, UnicodeDecodeError) as exc:
+                    last = now
+                    self.policy_failed(f"cannot read {path}: {exc}", f"file:{path}")
+                except Exception as exc:  # never a silent end of the watcher
+                    log.exception("policy watcher failed", extra={"path": path})
+                    self.policy_failed(f"reload failed: {type(exc).__name__}: {str(exc)[:200]}", f"file:{path}")
 
         threading.Thread(target=loop, name="policy-file", daemon=True).start()
 
@@ -318,6 +334,7 @@ class State:
                 "source": self.status.policy_source,
                 "error": self.status.policy_error,
                 "reloads": self.status.reloads,
+                "reloadFailures": self.status.reload_failures,
             },
             "inventory": {
                 "source": self.status.inventory_source,
@@ -393,6 +410,21 @@ def _trim() -> None:
 def capacity_of(snap: PodSnapshot) -> Capacity:
     """The engine's view of a pod snapshot: whole GPUs held per node, and where each job's pods are."""
     return Capacity(used=snap.used_of(GPU), jobs=snap.jobs, synced=snap.synced, version=snap.version)
+
+
+def _read_settled(path: str, settle: float, stop: threading.Event) -> str | None:
+    """The file's text if it reads the same (content and stat) before and after `settle` seconds, else None.
+    Bounded: a file past the policy size limit is read only that far (the parser then reports it)."""
+    before = _stat(path)
+    with open(path, "rb") as f:
+        first = f.read(MAX_POLICY_BYTES + 1)
+    if stop.wait(settle):
+        return None
+    with open(path, "rb") as f:
+        second = f.read(MAX_POLICY_BYTES + 1)
+    if first != second or _stat(path) != before:
+        return None
+    return first.decode("utf-8")
 
 
 def _stat(path: str) -> tuple[float, int, int] | None:
