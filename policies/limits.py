@@ -9,9 +9,11 @@ admission requests (`webhook/admission.py`), manifests (`webhook/manifests.py`),
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import yaml
 
 # Kubernetes objects nest about 20 levels (a JobSet's pod template affinity, inside an AdmissionReview);
@@ -44,10 +46,39 @@ class LimitError(ValueError):
 
 
 def json_too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether a parsed JSON value nests containers deeper than `limit` (the top-level value is depth 1).
+    """Whether a JSON value (as parsed: dicts, lists, scalars) nests containers deeper than `limit`; the
+    top-level value is depth 1.
 
-    Iterative, and it stops at the first container past the limit, so a hostile value costs at most one
-    walk of what lies within the limit."""
+    On the request path this runs for every review, so it must cost far less than the review: orjson's
+    serializer stops with "Recursion limit reached" past a fixed depth (found once, `_dumps_depth()`), so the
+    value is serialized inside a prepared chain of lists that leaves it exactly `limit` levels of room. That
+    is one C-speed pass (about a fifth of parsing the same text) instead of a Python walk (about three
+    parses). Values orjson cannot serialize (YAML's dates, say) and limits past orjson's use `walk_too_deep`."""
+    if not isinstance(value, dict | list):
+        return False
+    room = _dumps_depth() - limit
+    if room < 0:
+        return walk_too_deep(value, limit)
+    if room == 0:
+        try:
+            orjson.dumps(value)
+        except orjson.JSONEncodeError as exc:
+            return "Recursion limit" in str(exc) or walk_too_deep(value, limit)
+        return False
+    with _WRAP_LOCK:
+        outer, inner = _wrapper(room)
+        inner[0] = value
+        try:
+            orjson.dumps(outer)
+        except orjson.JSONEncodeError as exc:
+            return "Recursion limit" in str(exc) or walk_too_deep(value, limit)
+        finally:
+            inner[0] = None
+    return False
+
+
+def walk_too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """`json_too_deep` by an iterative walk (no recursion, so no RecursionError), for any nested value."""
     if not isinstance(value, dict | list):
         return False
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -62,12 +93,37 @@ def json_too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
-def json_bytes_too_deep(raw: bytes, value: Any, limit: int = MAX_DEPTH) -> bool:
-    """`json_too_deep` with a shortcut: a text with fewer brackets than `limit` cannot nest deeper, and
-    counting them runs at memory speed (most admission requests take this path)."""
-    if raw.count(b"{") + raw.count(b"[") <= limit:
-        return False
-    return json_too_deep(value, limit)
+# room -> (outermost, innermost) of a chain of lists, each the only element of the one around it, `room`
+# levels in all above the slot `innermost[0]` that takes the value to check. The lock keeps two threads
+# from sharing a chain (orjson holds the GIL while it serializes, but the three statements around it do not).
+_WRAPPERS: dict[int, tuple[list[Any], list[Any]]] = {}
+_WRAP_LOCK = threading.Lock()
+_DUMPS_DEPTH: list[int] = []
+
+
+def _wrapper(room: int) -> tuple[list[Any], list[Any]]:
+    if room not in _WRAPPERS:
+        inner: list[Any] = [None]
+        outer = inner
+        for _ in range(room - 1):
+            outer = [outer]
+        _WRAPPERS[room] = (outer, inner)
+    return _WRAPPERS[room]
+
+
+def _dumps_depth() -> int:
+    """The most levels of lists orjson serializes (254 for orjson 3.13), found by trying once."""
+    if not _DUMPS_DEPTH:
+        depth = 1
+        value: list[Any] = [1]
+        while depth < 4096:
+            try:
+                orjson.dumps([value])
+            except orjson.JSONEncodeError:
+                break
+            value, depth = [value], depth + 1
+        _DUMPS_DEPTH.append(depth)
+    return _DUMPS_DEPTH[0]
 
 
 @dataclass

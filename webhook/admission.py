@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from policies.limits import MAX_DEPTH, json_bytes_too_deep
+from policies.limits import MAX_DEPTH, json_too_deep
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -46,7 +46,7 @@ def parse(body: bytes) -> Request:
         if "utf-8" in msg.lower() or "surrogate" in msg.lower():
             raise BadRequest("request body is not valid UTF-8") from None
         raise BadRequest(f"request body is not valid JSON: {msg}") from None
-    if json_bytes_too_deep(body, doc):
+    if json_too_deep(doc):
         raise BadRequest(f"request body nests deeper than {MAX_DEPTH} levels")
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object (an AdmissionReview)")

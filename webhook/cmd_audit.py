@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import orjson
 
-from policies.limits import json_bytes_too_deep
+from policies.limits import json_too_deep
 from webhook.audit import ROTATED_SUFFIX, format_time, is_stale, parse_time
 from webhook.cli import UsageError
 
@@ -126,7 +126,7 @@ class Reader:
             rec = orjson.loads(line[start:]) if start >= 0 else None
         except orjson.JSONDecodeError:
             rec = None
-        if json_bytes_too_deep(line, rec):
+        if json_too_deep(rec):
             rec = None  # not a record this program wrote (they nest ~10 levels); skipped like any other
         entry = _as_entry(rec)
         if entry is None:
