@@ -152,6 +152,7 @@ def test_queue_full_drops_are_counted_and_lines_stay_whole(tmp_path: Path) -> No
         "dropped": 2000 - accepted,
         "rotations": 0,
         "errors": 0,
+        "reopens": 0,
         "pending": 0,
     }
 
@@ -434,3 +435,73 @@ def test_options(tmp_path: Path) -> None:
         from_args(parser.parse_args(["--audit-file", str(tmp_path)]))
     with pytest.raises(UsageError, match="backups"):
         from_args(parser.parse_args(["--audit-stdout", "--audit-backups", "-1"]))
+
+
+# -- issue #14: moved, removed and failing files --------------------------------------------------------------
+
+
+def _uids(path: Path) -> list[str]:
+    return [orjson.loads(line)["uid"] for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def test_external_logrotate_rename_and_create_is_followed(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    with AuditLog(path, linger=0) as log:
+        log.record(rec("before"))
+        assert log.flush(5)
+        path.rename(tmp_path / "audit.log-20261201")  # logrotate without copytruncate: rename, then create
+        path.touch()
+        log.record(rec("after"))
+        assert log.flush(5)
+        assert _uids(tmp_path / "audit.log-20261201") == ["before"]
+        assert _uids(path) == ["after"]
+        assert log.stats()["reopens"] == 1 and log.errors == 0
+
+
+def test_removed_file_and_removed_directory_are_recreated(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    directory = tmp_path / "logs"
+    path = directory / "audit.log"
+    with AuditLog(path, linger=0) as log:
+        log.record(rec("one"))
+        assert log.flush(5)
+        path.unlink()
+        log.record(rec("two"))
+        assert log.flush(5)
+        assert _uids(path) == ["two"]
+        path.unlink()
+        directory.rmdir()
+        log.record(rec("three"))
+        assert log.flush(5)
+        assert _uids(path) == ["three"]
+        assert log.stats()["reopens"] == 2 and log.written == 3 and log.errors == 0
+    assert "audit file was removed; reopened" in caplog.text
+
+
+def test_write_errors_are_counted_and_logged_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    """/dev/full fails every write with ENOSPC: every lost record is counted, and the log gets one line per
+    ERROR_LOG_INTERVAL saying how many were lost, not one line per record."""
+    with AuditLog("/dev/full", linger=0) as log:
+        for i in range(50):
+            log.record(rec(f"u{i}"))
+            log.flush(5)
+        assert log.errors == 50 and log.written == 0
+    lines = [r for r in caplog.records if r.getMessage() == "audit records lost"]
+    assert len(lines) == 1, [r.__dict__.get("lost") for r in lines]
+    assert lines[0].__dict__["lost"] == 1 and "No space left on device" in lines[0].__dict__["reason"]
+
+
+def test_a_directory_that_cannot_be_recreated_is_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    directory = tmp_path / "logs"
+    path = directory / "audit.log"
+    with AuditLog(path, linger=0) as log:
+        path.unlink()
+        directory.rmdir()
+        directory.write_text("a file where the directory was")
+        log.record(rec("lost"))
+        assert log.flush(5)
+        assert log.errors == 1 and log.written == 0
+        directory.unlink()
+        log.record(rec("kept"))  # the next record retries
+        assert log.flush(5)
+        assert _uids(path) == ["kept"] and log.written == 1
+    assert "audit records lost" in caplog.text

@@ -32,6 +32,7 @@ import collections
 import contextlib
 import glob
 import gzip
+import logging
 import os
 import re
 import select
@@ -47,7 +48,10 @@ import orjson
 
 from policies.quantity import parse_bytes
 
+log = logging.getLogger("gpu-admission.audit")
+
 DEFAULT_MAX_BYTES = 50 * 1024 * 1024
+ERROR_LOG_INTERVAL = 10.0  # seconds between two log lines about failed writes (each says how many failed)
 DEFAULT_BACKUPS = 5
 DEFAULT_QUEUE_SIZE = 10_000
 DEFAULT_LINGER = 0.005  # seconds the woken writer waits for more records before writing a batch
@@ -97,8 +101,13 @@ class AuditLog:
     bound on how long a record waits in the queue when the writer is idle (0: write at once).
 
     Counters (read any time, e.g. by /metrics): `written` records fully written to every destination,
-    `dropped` records refused because the queue was full or the log closed, `rotations`, and `errors`
-    (failed writes, opens, rotations and unencodable records; the record involved is lost).
+    `dropped` records refused because the queue was full or the log closed, `rotations`, `errors`
+    (failed writes, opens, rotations and unencodable records; the record involved is lost), and `reopens`.
+    Every error is also logged, at most one line per ERROR_LOG_INTERVAL (with the count since the last).
+
+    The file is reopened when its path no longer names the open file (checked before each batch: one
+    stat): an external logrotate renamed it and created a new one, or someone removed it or its directory
+    (the directory is recreated). Without that, records went on into the renamed or deleted file.
     """
 
     def __init__(
@@ -147,6 +156,9 @@ class AuditLog:
         self._written = 0
         self._rotations = 0
         self._errors = 0
+        self._reopens = 0
+        self._errors_logged = 0  # errors already reported in a log line
+        self._error_logged_at = 0.0
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         self._thread.start()
 
@@ -222,6 +234,10 @@ class AuditLog:
         return self._errors
 
     @property
+    def reopens(self) -> int:
+        return self._reopens
+
+    @property
     def pending(self) -> int:
         """Records queued and not yet written."""
         with self._lock:
@@ -234,6 +250,7 @@ class AuditLog:
             "dropped": self._dropped,
             "rotations": self._rotations,
             "errors": self._errors,
+            "reopens": self._reopens,
             "pending": self.pending,
         }
 
@@ -264,8 +281,8 @@ class AuditLog:
                 if "time" not in rec:
                     rec = {"time": format_time(time.time()), **rec}
                 lines.append(orjson.dumps(rec, default=str, option=orjson.OPT_APPEND_NEWLINE))
-            except (TypeError, ValueError):
-                self._errors += 1
+            except (TypeError, ValueError) as exc:
+                self._failed(1, "cannot encode an audit record", exc)
         ok = [True] * len(lines)  # written to every destination
         if self._stdout_fd is not None:
             i = 0
@@ -276,18 +293,20 @@ class AuditLog:
         self._written += sum(ok)
 
     def _write_file(self, lines: list[bytes], ok: list[bool]) -> None:
+        self._follow_path()
         i = 0
         while i < len(lines):
             if self._fd is not None and 0 < self.max_bytes < self._size + len(lines[i]) and self._size > 0:
                 self._rotate()
             if self._fd is None:
-                with contextlib.suppress(OSError):
+                try:
                     self._open()
-            if self._fd is None:
-                self._errors += 1
-                ok[i] = False
-                i += 1
-                continue
+                except OSError as exc:
+                    self._failed(len(lines) - i, f"cannot open {self.path}", exc)
+                    for k in range(i, len(lines)):
+                        ok[k] = False
+                    return
+            assert self._fd is not None
             # Line i, then as many more as fit in this file before it must rotate (line i always goes: a line
             # larger than max_bytes gets a file of its own).
             room = self.max_bytes - self._size if self.max_bytes > 0 else MAX_WRITE
@@ -309,18 +328,57 @@ class AuditLog:
         try:
             while done < size:
                 done += os.write(fd, data[done:])
-        except OSError:
+        except OSError as exc:
             whole, end = i, 0  # the lines written in full before the failure
             while whole < j and end + len(lines[whole]) <= done:
                 end += len(lines[whole])
                 whole += 1
             for k in range(whole, j):
                 ok[k] = False
-            self._errors += j - whole
+            self._failed(
+                j - whole, "audit write failed" + (f" to {self.path}" if fd != self._stdout_fd else " to stdout"), exc
+            )
         return j, done
+
+    def _failed(self, records: int, what: str, exc: BaseException) -> None:
+        """Count lost records and log, at most once per ERROR_LOG_INTERVAL, how many were lost since."""
+        self._errors += records
+        now = time.monotonic()
+        if now - self._error_logged_at < ERROR_LOG_INTERVAL and self._error_logged_at:
+            return
+        reason = f"{what}: {getattr(exc, 'strerror', None) or exc}"
+        lost = self._errors - self._errors_logged
+        log.error("audit records lost", extra={"reason": reason, "lost": lost, "errors_total": self._errors})
+        self._errors_logged = self._errors
+        self._error_logged_at = now
+
+    def _follow_path(self) -> None:
+        """Reopen when the path no longer names the open file (renamed by logrotate, removed, or its
+        directory removed: recreated)."""
+        assert self.path is not None
+        if self._fd is None:
+            return
+        try:
+            st = os.stat(self.path)
+            fst = os.fstat(self._fd)
+            if (st.st_ino, st.st_dev) == (fst.st_ino, fst.st_dev):
+                return
+            why = "replaced"
+        except OSError:  # gone, or its directory is (ENOENT, ENOTDIR)
+            why = "removed"
+        os.close(self._fd)
+        self._fd = None
+        try:
+            self._open()
+        except OSError as exc:
+            self._failed(0, f"cannot reopen {self.path}", exc)
+            return
+        self._reopens += 1
+        log.warning("audit file was %s; reopened", why, extra={"path": str(self.path)})
 
     def _open(self) -> None:
         assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # its directory may have been removed since
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
         self._fd = fd
         self._size = os.fstat(fd).st_size
@@ -363,10 +421,10 @@ class AuditLog:
                 if self.compress:
                     self._gzip(first)
             self._rotations += 1
-        except OSError:
-            self._errors += 1
+        except OSError as exc:
+            self._failed(0, f"cannot rotate {self.path}", exc)
         with contextlib.suppress(OSError):
-            self._open()  # on failure the next record retries
+            self._open()  # on failure the next record retries (and reports)
 
     @staticmethod
     def _gzip(src: Path) -> None:
