@@ -190,3 +190,20 @@ def load_pair(
 
 def load_ca(directory: Path | str) -> LoadedPair:
     return load_pair(directory, cert_name=CA_CERT, key_name=CA_KEY)
+
+
+def key_exposure(path: Path) -> str | None:
+    """Why a private key file is readable by more than this process, or None.
+
+    Others never may; a group only when it is one of ours: a Secret mounted with `defaultMode: 0440` and the
+    pod's `fsGroup` (deploy/) is group-readable by design, a `chmod 644` key is not."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None  # loading reports a missing key
+    mode = st.st_mode & 0o777
+    if mode & 0o007:
+        return f"private key {path} is readable by others (mode {mode:04o}); chmod 600 it"
+    if mode & 0o070 and st.st_gid not in {os.getgid(), *os.getgroups()}:
+        return f"private key {path} is readable by group {st.st_gid}, not ours (mode {mode:04o}); chmod 600 it"
+    return None

@@ -27,6 +27,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _child_setup(nofile: int | None) -> Any:
+    def setup() -> None:
+        _die_with_parent()
+        if nofile is not None:  # a container's open-file limit, soft = hard, so the server cannot raise it
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    return setup
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,6 +77,7 @@ class ServerProcess:
         kubeconfig: str | None = None,
         env: Any = None,
         port: int | None = None,
+        nofile: int | None = None,
     ):
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-srv-"))
         self.tls = tls_dir or make_certs(self.tmp / "tls")
@@ -96,7 +108,7 @@ class ServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
             env=env or os.environ.copy(),
-            preexec_fn=_die_with_parent,
+            preexec_fn=_child_setup(nofile),
         )
         self.url = f"https://127.0.0.1:{self.port}"
         self.ca = str(self.tls / "ca-bundle.crt")
@@ -119,6 +131,11 @@ class ServerProcess:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"serve not healthy after {timeout}s: {self.log_tail()}")
+
+    def memory_mib(self) -> tuple[float, float]:
+        """(resident now, peak resident) of the server process, in MiB."""
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
     def log_tail(self, n: int = 20) -> str:
         self.stderr.flush()

@@ -38,6 +38,9 @@ MAX_TIMEOUT = 30.0
 class ServerConfig:
     max_body: int = 8 * 2**20  # an object is at most ~3 MiB in etcd; object + oldObject fit well within
     max_inflight: int = 256
+    # Request bytes held at once over all connections (bodies being read or decided); bodies up to
+    # SMALL_BODY are not counted, so reviews of ordinary objects are never refused for bytes.
+    max_bytes_inflight: int = 32 * 2**20
     deadline_margin: float = 0.25  # seconds kept back from the API server's timeout
     policy_configmap: tuple[str, str] | None = None  # (namespace, name) validated by /validate
     cert_status: Callable[[], dict[str, Any]] | None = None
@@ -60,6 +63,30 @@ def _error(status: int, message: str) -> Response:
 
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+_CLOSE = [(b"connection", b"close")]  # the rest of the body was not read: the connection cannot be reused
+SMALL_BODY = 64 * 1024  # a Pod is a few KiB; max_inflight bodies this small take at most 16 MiB
+
+
+class ByteBudget:
+    """Request bytes held by the server at once, over all connections (`--max-bytes-inflight`).
+
+    Without it, 40 connections each sending a body just under --max-body took the server to 411 MiB. Only
+    the event loop touches it, so no lock."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
 # /admit mutates and then judges the mutated object in one review: the one call per Pod (docs/deploy.md,
 # "One call per pod"). /mutate and /validate are the two stages for workload templates and other kinds.
 _ADMISSION_PATHS = {"/admit": "admit", "/mutate": "mutate", "/validate": "validate"}
@@ -71,40 +98,66 @@ def fast_path(app: FastAPI) -> Any:
     machinery cost more than the decision itself, and the handler (`review_bytes`) is the same either way."""
     review_bytes = app.state.review_bytes
     max_body: int = app.state.max_body
+    budget: ByteBudget = app.state.byte_budget
+    metrics: Metrics = app.state.metrics
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
         webhook = _ADMISSION_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
         if webhook is None or scope.get("method") != "POST":
             await app(scope, receive, send)
             return
-        status, payload = 413, b""
+        answer = await read_and_review(scope, receive, webhook)
+        if answer is None:
+            return  # the client went away
+        status, payload, unread = answer
+        headers = [*_JSON_HEADERS, (b"content-length", str(len(payload)).encode()), *(_CLOSE if unread else ())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def read_and_review(scope: dict[str, Any], receive: Any, webhook: str) -> tuple[int, bytes, bool] | None:
+        """(status, body, whether the request body was left unread) for one admission POST; None when the
+        client went away. Bodies past SMALL_BODY are charged to the byte budget while they are held."""
         declared = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > max_body:
-            payload = _error_body(f"request body of {declared.decode()} bytes exceeds the {max_body}-byte limit")
-        else:
-            chunks: list[bytes] = []
-            size = 0
+            metrics.inc("gpu_admission_bad_requests_total", (("reason", "too-large"),))
+            return (
+                413,
+                _error_body(f"request body of {declared.decode()} bytes exceeds the {max_body}-byte limit"),
+                True,
+            )
+        if declared.isdigit() and int(declared) > SMALL_BODY and budget.used + int(declared) > budget.limit:
+            return 429, _over_budget(), True
+        chunks: list[bytes] = []
+        size = held = 0
+        try:
             more = True
             while more:
                 message = await receive()
                 if message["type"] != "http.request":
-                    return  # the client went away
+                    return None
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 more = message.get("more_body", False)
                 if size > max_body:
-                    payload = _error_body(f"request body exceeds the {max_body}-byte limit")
-                    break
+                    metrics.inc("gpu_admission_bad_requests_total", (("reason", "too-large"),))
+                    return 413, _error_body(f"request body exceeds the {max_body}-byte limit"), more
+                if size > SMALL_BODY:
+                    if not budget.take(size - held):
+                        return 429, _over_budget(), more
+                    held = size
                 chunks.append(chunk)
-            if not payload:
-                timeout = None
-                for part in scope.get("query_string", b"").decode("latin-1").split("&"):
-                    if part.startswith("timeout="):
-                        timeout = part[len("timeout=") :]
-                status, payload = await review_bytes(b"".join(chunks), webhook, timeout, scope.get(AHEAD_KEY))
-        headers = [*_JSON_HEADERS, (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+            timeout = None
+            for part in scope.get("query_string", b"").decode("latin-1").split("&"):
+                if part.startswith("timeout="):
+                    timeout = part[len("timeout=") :]
+            status, payload = await review_bytes(b"".join(chunks), webhook, timeout, scope.get(AHEAD_KEY))
+            return status, payload, False
+        finally:
+            budget.give(held)
+
+    def _over_budget() -> bytes:
+        metrics.inc("gpu_admission_bad_requests_total", (("reason", "overloaded"),))
+        return _error_body(f"overloaded: request bytes in flight would pass the {budget.limit}-byte limit; retry")
 
     return asgi
 
@@ -224,6 +277,7 @@ def create_app(
 
     app.state.review_bytes = review_bytes
     app.state.max_body = cfg.max_body
+    app.state.byte_budget = ByteBudget(cfg.max_bytes_inflight)
 
     async def handle(request: Request, webhook: str) -> Response:
         declared = request.headers.get("content-length")
@@ -532,6 +586,19 @@ def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) ->
             return [((), float(s["notAfterUnix"]))] if s.get("notAfterUnix") else []
 
         m.gauge("gpu_admission_cert_expiry_timestamp_seconds", "Serving certificate notAfter (Unix time)", expiry)
+
+        def problems() -> list[tuple[tuple[tuple[str, str], ...], float]]:
+            s = status()
+            return [
+                ((("problem", "expired"),), float(bool(s.get("expired")))),
+                ((("problem", "key-exposed"),), float(bool(s.get("keyExposed")))),
+            ]
+
+        m.gauge(
+            "gpu_admission_cert_problem",
+            "1 while the serving certificate has expired or its private key is readable by others",
+            problems,
+        )
     if audit is not None:
 
         def audit_stats() -> list[tuple[tuple[tuple[str, str], ...], float]]:

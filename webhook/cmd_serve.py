@@ -10,11 +10,13 @@ import signal
 import ssl
 import sys
 import threading
-from datetime import UTC
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from webhook.cli import UsageError
+from webhook.guard import ConnectionLimits
 from webhook.logs import setup_logging
 
 log = logging.getLogger("gpu-admission.serve")
@@ -44,6 +46,21 @@ def register(sub: Any) -> None:
         help="requests queued or in progress beyond which new ones get 429 at once (default 256)",
     )
     p.add_argument("--max-body", type=int, default=8 * 2**20, help="largest request body in bytes (default 8 MiB)")
+    lim = p.add_argument_group("connection limits (docs/deploy.md, Limits)")
+    lim.add_argument("--max-bytes-inflight", type=int, default=32 * 2**20, metavar="BYTES",
+                     help="request bytes held at once over all connections; bodies up to 64 KiB are not "
+                     "counted (default 32 MiB)")  # fmt: skip
+    lim.add_argument("--max-header-bytes", type=int, default=ConnectionLimits.max_header_bytes, metavar="BYTES",
+                     help="largest request head, request line and headers (default 32 KiB)")  # fmt: skip
+    lim.add_argument("--header-timeout", type=float, default=ConnectionLimits.header_timeout, metavar="SECONDS",
+                     help="from a request's first byte to the end of its headers (default 5)")  # fmt: skip
+    lim.add_argument("--body-timeout", type=float, default=ConnectionLimits.body_timeout, metavar="SECONDS",
+                     help="from the end of a request's headers to its last body byte (default 10)")  # fmt: skip
+    lim.add_argument("--idle-timeout", type=float, default=ConnectionLimits.idle_timeout, metavar="SECONDS",
+                     help="close a connection with no request in progress after this long (default 5)")  # fmt: skip
+    lim.add_argument("--max-connections", type=int, default=0, metavar="N",
+                     help="open connections beyond which the least recently active idle one is closed "
+                     "(default: the open-file limit minus 128)")  # fmt: skip
     p.add_argument("--shutdown-delay", type=float, default=0.0, metavar="SECONDS",
                    help="on SIGTERM, fail /readyz and keep serving this long before closing (default 0)")  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -69,6 +86,11 @@ class CertReloader:
         self._stamp = self._mtime()
         self._not_after = self._read_not_after()
         self._stop = threading.Event()
+        self.warnings: tuple[str, ...] = ()
+        self.expired = False
+        self.key_exposed = False
+        self._warned_at = 0.0
+        self.check()
 
     def _mtime(self) -> tuple[float, float]:
         try:
@@ -96,6 +118,7 @@ class CertReloader:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             await asyncio.sleep(self.interval)
+            self.check()
             stamp = self._mtime()
             if stamp == self._stamp:
                 continue
@@ -113,9 +136,41 @@ class CertReloader:
             self.reloads += 1
             self.error = None
             log.info("certificate reloaded", extra={"not_after": self._not_after})
+            self.check()
+
+    def check(self, now: float | None = None) -> tuple[str, ...]:
+        """The serving certificate's problems that do not stop serving: expired, or a key others can read.
+        Logged as warnings when they change and once an hour while they last; /readyz and metrics show them."""
+        from certs.store import key_exposure
+
+        current = time.time() if now is None else now
+        found = []
+        self.expired = bool(self._not_after) and current >= self._not_after
+        if self.expired:
+            when = datetime.fromtimestamp(self._not_after, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            found.append(f"serving certificate {self.cert} expired at {when}: the API server rejects it; rotate it")
+        exposed = key_exposure(self.key)
+        self.key_exposed = exposed is not None
+        if exposed:
+            found.append(exposed)
+        warnings = tuple(found)
+        if warnings and (warnings != self.warnings or current - self._warned_at >= 3600):
+            for w in warnings:
+                log.warning("certificate problem", extra={"warning": w})
+            self._warned_at = current
+        self.warnings = warnings
+        return warnings
 
     def status(self) -> dict[str, Any]:
-        return {"loaded": True, "notAfterUnix": self._not_after, "reloads": self.reloads, "error": self.error}
+        return {
+            "loaded": True,
+            "notAfterUnix": self._not_after,
+            "expired": self.expired,
+            "keyExposed": self.key_exposed,
+            "warnings": list(self.warnings),
+            "reloads": self.reloads,
+            "error": self.error,
+        }
 
     def stop(self) -> None:
         self._stop.set()
@@ -152,15 +207,46 @@ def _install_fault(spec: str) -> None:
     log.warning("fault injection enabled", extra={"fault": spec})
 
 
+def raise_open_file_limit() -> int:
+    """Raise the soft open-file limit to the hard one (as Go programs do) and return it: a container's usual
+    soft limit of 1,024 is what ~1,000 idle connections exhausted."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return int(soft)
+
+
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    for flag in ("max_header_bytes", "header_timeout", "body_timeout", "idle_timeout"):
+        if getattr(args, flag) <= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be positive")
+    files = raise_open_file_limit()
+    max_connections = args.max_connections or max(16, files - 128)  # files for the rest: audit, watches, TLS
+    return ConnectionLimits(
+        max_header_bytes=args.max_header_bytes,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        idle_timeout=args.idle_timeout,
+        max_connections=max_connections,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from certs.errors import CertError
     from webhook import audit as audit_mod
     from webhook.app import ServerConfig, create_app, fast_path
+    from webhook.guard import guarded_protocol
     from webhook.metrics import Metrics
     from webhook.state import State
-    from webhook.transport import CoalescingHttpToolsProtocol
 
     setup_logging(args.log_level)
     # Watcher threads (a Node storm: JSON decoding and inventory batches) share the GIL with the event loop,
@@ -216,19 +302,28 @@ def run(args: argparse.Namespace) -> int:
     cfg = ServerConfig(
         max_body=args.max_body,
         max_inflight=args.max_inflight,
+        max_bytes_inflight=args.max_bytes_inflight,
         policy_configmap=cm,
         cert_status=reloader.status,
     )
-    app = create_app(state, metrics=Metrics(), audit=audit, config=cfg)
+    metrics = Metrics()
+    app = create_app(state, metrics=metrics, audit=audit, config=cfg)
+    limits = connection_limits(args)
+    metrics.describe("gpu_admission_connections_closed_total", "counter", "Connections closed by a limit, by reason")
     config = uvicorn.Config(
         fast_path(app),
         host=args.host,
         port=args.port,
-        http=CoalescingHttpToolsProtocol,  # httptools, one TLS record and one send per response
+        # httptools, one TLS record and one send per response (webhook/transport.py), with the connection
+        # limits of webhook/guard.py
+        http=guarded_protocol(
+            limits, lambda reason: metrics.inc("gpu_admission_connections_closed_total", (("reason", reason),))
+        ),
         ws="none",  # no WebSocket endpoints: an Upgrade request is answered as plain HTTP
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=25,
+        timeout_keep_alive=max(1, round(limits.idle_timeout)),
+        timeout_graceful_shutdown=25,  # in-flight reviews (a review's deadline is at most 30 s)
         lifespan="off",
     )
     config.load()
@@ -274,4 +369,9 @@ def run(args: argparse.Namespace) -> int:
         state.stop()
         if audit is not None:
             audit.close(timeout=10)
-    return 0
+    # Everything is written (audit log closed, log lines flushed below): skip the interpreter's teardown of
+    # the heap, which took ~1 s on a busy node and counts against the pod's termination grace period.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -43,6 +43,18 @@ import webhook.transport as _transport
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpToolsProtocol
 _transport.CoalescingHttpToolsProtocol = _HttpToolsProtocol
 """,
+    # Issue #14's hardening off, to measure what it costs: uvicorn's protocol without the connection limits of
+    # webhook/guard.py (header size, timeouts, pipelining back-pressure, connection cap) ...
+    "unguarded": """
+import webhook.guard as _guard
+import webhook.transport as _transport
+_guard.guarded_protocol = lambda limits, on_close=None: _transport.CoalescingHttpToolsProtocol
+""",
+    # ... and without the nesting-depth check of every admission request (policies/limits.py).
+    "no-depth-check": """
+import webhook.admission as _admission
+_admission.json_bytes_too_deep = lambda raw, limit=100: False
+""",
     # The audit writer without its linger: it writes what is queued as soon as it wakes (smaller batches,
     # more wake-ups and writes).
     "audit-linger-0": """
