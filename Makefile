@@ -4,7 +4,7 @@
 PYTHON ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: setup controlplane helm image lint test test-fast demo bench kind-e2e
+.PHONY: setup controlplane helm image lint test test-fast demo bench soak kind-e2e
 
 setup:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -36,6 +36,10 @@ demo: setup controlplane
 
 bench: setup controlplane
 	$(PYTHON) -m tests.bench.run
+
+# 10 minutes of legitimate reviews at 500/s beside every abuse of issue #14 (not in CI): tests/soak.py
+soak: setup
+	$(PYTHON) -m tests.soak
 
 kind-e2e:
 	bash scripts/kind-e2e.sh
