@@ -332,3 +332,20 @@ def test_configmap_reload_failure_of_any_kind_is_reported() -> None:
     state = State()
     assert not state.load_policy_text(POLICY_HEAD + "rules: " + nested(1000), "configmap:x/y")
     assert state.status.reload_failures == 1 and "nested deeper than 100 levels" in str(state.status.policy_error)
+
+
+# -- the audit reader ---------------------------------------------------------------------------------------
+
+
+def test_audit_skips_a_line_nested_100000_deep_and_an_endless_line(tmp_path: Path) -> None:
+    good = b'{"time":"2026-12-01T10:00:00.000Z","verdict":"deny","uid":"u1","kind":"Pod","namespace":"ml"}\n'
+    log = tmp_path / "audit.log"
+    log.write_bytes(
+        good + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"\n" + b"{" + b"x" * (5 * 2**20) + b"\n" + good
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "webhook", "audit", str(log), "-o", "json"], cwd=ROOT, capture_output=True, timeout=60
+    )
+    assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr
+    assert [r["uid"] for r in orjson.loads(out.stdout)] == ["u1", "u1"]
+    assert b"skipped 2 line(s) that are not audit records" in out.stderr
