@@ -12,7 +12,7 @@ import copy
 import os
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,33 +31,39 @@ RSS_LIMIT_MIB = 256  # the Deployment's memory limit
 POD_HEAD = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: ml}\n"
 
 
+# `python -m webhook ARGS`, writing its own peak resident set (VmHWM of its address space since exec) to a file
+# at exit. Not wait4()'s ru_maxrss: Linux carries a forking parent's high-water mark into the child across exec,
+# so in a long pytest run every child would report the test process's own peak.
+_CLI = """import atexit, os, sys
+from webhook.cli import main
+
+def _peak():
+    with open("/proc/self/status") as f:
+        kib = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["PEAK_FILE"], "w") as out:
+        out.write(kib)
+
+atexit.register(_peak)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> tuple[int, str, float]:
     """(exit code, stderr, peak RSS in MiB) of `python -m webhook ARGS`."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "webhook", *args],
-        cwd=ROOT,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    out: dict[str, bytes] = {}
-
-    def talk() -> None:
-        if stdin is not None and proc.stdin is not None:
-            try:
-                proc.stdin.write(stdin)
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass  # it stopped reading at its limit: the point
-        assert proc.stderr is not None
-        out["err"] = proc.stderr.read()
-
-    t = threading.Thread(target=talk)
-    t.start()
-    t.join(timeout)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, out.get("err", b"").decode(errors="replace"), usage.ru_maxrss / 1024
+    with tempfile.NamedTemporaryFile(suffix=".peak") as peak:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CLI, *args],
+            cwd=ROOT,
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PEAK_FILE": peak.name, "PYTHONPATH": str(ROOT)},
+            timeout=timeout,
+            check=False,
+        )
+        kib = Path(peak.name).read_text() or "0"
+    return proc.returncode, proc.stderr.decode(errors="replace"), int(kib) / 1024
 
 
 def nested(depth: int) -> str:

@@ -150,6 +150,11 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
 
         def on_response_complete(self) -> None:
             super().on_response_complete()  # starts the next pipelined request and resumes reading
+            if self.transport.is_closing():
+                # uvicorn closed it after this response (`Connection: close`, or our 413/429 that left the
+                # body unread): abort after the linger, or a client still sending gets every byte read
+                self._close("")
+                return
             if self.pipeline:
                 self.flow.pause_reading()  # more are queued: read no more until they are answered
             if self._stopping or self._closing:
@@ -206,7 +211,8 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
             if self._closing or self._lost:
                 return
             self._closing = True
-            count(reason)
+            if reason:
+                count(reason)
             self._deadline = math.inf
             self.flow.pause_reading()
             self.transport.close()
