@@ -68,6 +68,7 @@ MAX_WARM_POOL = 100_000
 MAX_MESSAGE_BYTES = 2**40  # an all-reduce message of 1 TiB
 MAX_GBPS = 100_000.0  # 100 Tb/s per GPU per direction
 MAX_OVERSUBSCRIPTION = 1000.0
+MAX_RESERVATION_SECONDS = 86_400  # placement holds GPUs for a pinned job this long at most: a day
 
 
 class PolicyError(ValueError):
@@ -400,7 +401,9 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
     pl = c.mapping(doc, "placement", "")
     c.known(pl, ("whenNoDomainFits", "reservationSeconds", "gangSchedulers"), "placement")
     when_no_fit = c.choice(pl, "whenNoDomainFits", ("prefer", "deny"), "prefer", "placement")
-    reservation_seconds = c.integer(pl, "reservationSeconds", 120, "placement", minimum=1)
+    reservation_seconds = c.integer(
+        pl, "reservationSeconds", 120, "placement", minimum=1, maximum=MAX_RESERVATION_SECONDS
+    )
     gang = c.mapping(pl, "gangSchedulers", "placement")
     c.known(gang, ("kueue", "volcano", "kaiTopology"), "placement.gangSchedulers")
 
