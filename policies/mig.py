@@ -28,7 +28,6 @@ resource names no node advertises; the caller can still use the per-profile GFD 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -39,7 +38,6 @@ __all__ = [
     "MigProfile",
     "MigResource",
     "ProductInfo",
-    "best_fit",
     "memory_bytes",
     "model_for_product",
     "parse_mig_resource",
@@ -164,22 +162,6 @@ def memory_bytes(item: MigProfile | GpuModel) -> int:
     if isinstance(item, MigProfile):
         return item.memory_gb * _GIB
     return item.memory_gib * _GIB
-
-
-def best_fit(profiles: Iterable[MigProfile], ask_bytes: int) -> MigProfile | None:
-    """The profile that best fits a memory ask: smallest memory ≥ the ask, then fewest compute slices.
-
-    Fewer compute slices first because they pack better (`1g.20gb` before `2g.20gb`), per
-    gpu-resources.md §3. `+me` profiles are never chosen: a memory ask says nothing about video decoders,
-    and taking the card's only media engines would block the one workload that needs them. Pass only the
-    profiles that have free capacity to prefer those; None when nothing is large enough.
-    """
-    if ask_bytes < 0:
-        raise ValueError(f"memory ask must not be negative, got {ask_bytes}")
-    fitting = [p for p in profiles if not p.media_extensions and memory_bytes(p) >= ask_bytes]
-    if not fitting:
-        return None
-    return min(fitting, key=lambda p: (p.memory_gb, p.compute_slices, p.name))
 
 
 _PROFILE = r"([1-9][0-9]?)g\.([1-9][0-9]{0,3})gb"

@@ -150,11 +150,13 @@ def gpu_slice(s: Subject, p: Pod) -> bool:
 def choose_slice(nodes: NodeSet, ask: int, allow_shared: bool) -> tuple[Offer, NodeSet] | None:
     """Best fit: the smallest memory covering the ask, then fewest compute slices, then most units.
     A time-sliced unit counts for its fair share of the card (memory / replicas): sharers have no memory
-    isolation, so promising more would be a lie. Reads the index's offer sets, never the nodes."""
+    isolation, so promising more would be a lie. A `+me` profile is never chosen: a memory ask says nothing
+    about video decoders, and taking the card's only media engines would block the workload that needs them.
+    Reads the index's offer sets, never the nodes."""
     groups = list(nodes.members_of("offer"))
     best: tuple[tuple[int, int, int, str, str, str, int], Offer] | None = None
     for (_, o, mem), _members in groups:
-        if (o.kind == "shared" and not allow_shared) or mem < ask:
+        if (o.kind == "shared" and not allow_shared) or o.profile.endswith("+me") or mem < ask:
             continue
         key = (mem, o.compute or 99, -o.count, o.resource, o.kind, o.profile, o.memory_bytes)
         if best is None or key < best[0]:

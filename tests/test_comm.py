@@ -185,6 +185,21 @@ def test_uneven_split_fullest_node_for_nvlink_emptiest_for_network() -> None:
     assert "2 nodes × 4–5 GPUs" in est.assumptions
 
 
+@pytest.mark.parametrize(
+    ("gpus", "nodes", "spread"),
+    [
+        (16, 2, "2 nodes × 8 GPUs"),  # exactly two nodes' worth
+        (17, 3, "3 nodes × 5–6 GPUs"),  # one GPU more needs a third node (ceil, not floor)
+        (24, 3, "3 nodes × 8 GPUs"),
+        (25, 4, "4 nodes × 6–7 GPUs"),
+    ],
+)
+def test_spread_uses_the_fewest_nodes_that_hold_the_job(gpus: int, nodes: int, spread: str) -> None:
+    est = placement_estimate(S_16MB, gpus, 8)
+    assert est.nodes == nodes
+    assert f"spread = {spread}," in est.assumptions
+
+
 def test_job_that_fits_one_node_spreads_over_two_for_comparison() -> None:
     est = placement_estimate(S_16MB, 2, 8)
     assert est.best == "intra-node"
@@ -230,6 +245,9 @@ def test_estimate_invariants(
     assert min(ratios) == 1.0 and all(r >= 1.0 for r in ratios)
     if est.cross_rack_ms is not None and est.intra_rack_ms is not None:
         assert est.cross_rack_ms >= est.intra_rack_ms
+    if gpus >= 2:  # the fewest nodes that hold the job, at least two
+        assert est.nodes * per_node >= gpus
+        assert est.nodes == 2 or (est.nodes - 1) * per_node < gpus
     assert "\n" not in est.assumptions
     phrase = penalty_phrase(est)
     assert "\n" not in phrase and len(phrase) <= 110

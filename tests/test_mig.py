@@ -6,17 +6,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from policies import inventory
+from policies.document import default_policy
 from policies.mig import (
     CATALOGUE,
     GpuModel,
     MigProfile,
-    best_fit,
     memory_bytes,
     model_for_product,
     parse_mig_resource,
     parse_product,
     resource_name,
 )
+from policies.mutations import choose_slice
 from policies.quantity import parse_bytes
 
 GI = 2**30
@@ -94,21 +96,58 @@ def test_memory_is_read_as_gib() -> None:
     assert memory_bytes(one_g_10) == 10 * GI
     assert memory_bytes(MODELS["H200-141GB"]) == 141 * GI
     # The decision the module docstring records: a user's "10Gi" is the 10 GB slice.
-    assert best_fit(MODELS["A100-80GB"].profiles, parse_bytes("10Gi")) == one_g_10
+    assert chosen_profile(mixed_node("A100-80GB", TABLE["A100-80GB"]), "10Gi") == "1g.10gb"
+
+
+# The webhook's best fit is mutations.choose_slice over the inventory (gpu-slice); these cases feed it a
+# mixed-strategy node of each model that offers every profile of the catalogue, +me twins included.
+PRODUCTS = {
+    "A30-24GB": "NVIDIA-A30",
+    "A100-40GB": "NVIDIA-A100-SXM4-40GB",
+    "A100-80GB": "NVIDIA-A100-SXM4-80GB",
+    "H100-80GB": "NVIDIA-H100-80GB-HBM3",
+    "H100-NVL-94GB": "NVIDIA-H100-NVL",
+    "H200-141GB": "NVIDIA-H200-141GB",
+    "B200-180GB": "NVIDIA-B200",
+}
+
+
+def mixed_node(model: str, units: dict[str, int]) -> list[inventory.GpuNode]:
+    resources = {resource_name(profile): str(n) for profile, n in units.items()}
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": f"{model.lower()}-mixed",
+            "labels": {
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": PRODUCTS[model],
+                "nvidia.com/mig.strategy": "mixed",
+            },
+        },
+        "status": {"allocatable": {"cpu": "32", "pods": "110", **resources}},
+    }
+    return list(inventory.build([node], default_policy()).nodes)
+
+
+def chosen_profile(nodes: list[inventory.GpuNode], ask: str) -> str | None:
+    best = choose_slice(nodes, parse_bytes(ask), allow_shared=False)
+    return best[0].profile if best else None
 
 
 @pytest.mark.parametrize(
     ("model", "ask", "expected"),
     [
         ("A100-80GB", "1", "1g.10gb"),
-        ("A100-80GB", "10Gi", "1g.10gb"),
+        ("A100-80GB", "10Gi", "1g.10gb"),  # never the +me twin of the same size
         ("A100-80GB", "10.5Gi", "1g.20gb"),  # 1g.20gb before 2g.20gb: fewer compute slices
         ("A100-80GB", "20G", "1g.20gb"),
+        ("A100-80GB", "20Gi", "1g.20gb"),
         ("A100-80GB", "21Gi", "3g.40gb"),  # 3g before 4g
         ("A100-80GB", "80Gi", "7g.80gb"),
         ("A100-80GB", "81Gi", None),
         ("A100-40GB", "5Gi", "1g.5gb"),  # never the +me twin
-        ("A100-40GB", "6Gi", "1g.10gb"),
+        ("A100-40GB", "6Gi", "1g.10gb"),  # 1g.10gb before 2g.10gb
         ("A30-24GB", "6Gi", "1g.6gb"),
         ("A30-24GB", "7Gi", "2g.12gb"),
         ("H200-141GB", "10Gi", "1g.18gb"),
@@ -116,19 +155,27 @@ def test_memory_is_read_as_gib() -> None:
         ("B200-180GB", "100Gi", "7g.180gb"),
     ],
 )
-def test_best_fit(model: str, ask: str, expected: str | None) -> None:
-    chosen = best_fit(MODELS[model].profiles, parse_bytes(ask))
-    assert (chosen.name if chosen else None) == expected
+def test_best_fit_over_the_catalogue(model: str, ask: str, expected: str | None) -> None:
+    assert chosen_profile(mixed_node(model, TABLE[model]), ask) == expected
 
 
-def test_best_fit_among_available_profiles_only() -> None:
-    profiles = MODELS["A100-80GB"].profiles
-    without_1g20 = [p for p in profiles if p.name != "1g.20gb"]
-    chosen = best_fit(without_1g20, 15 * GI)
-    assert chosen is not None and chosen.name == "2g.20gb"
-    assert best_fit([], 1) is None
-    with pytest.raises(ValueError):
-        best_fit(profiles, -1)
+def test_best_fit_among_offered_profiles_only() -> None:
+    offered = {name: n for name, n in TABLE["A100-80GB"].items() if name != "1g.20gb"}
+    assert chosen_profile(mixed_node("A100-80GB", offered), "15Gi") == "2g.20gb"
+    assert chosen_profile(mixed_node("A100-80GB", {"1g.10gb+me": 1, "7g.80gb": 1}), "10Gi") == "7g.80gb"
+    assert chosen_profile(mixed_node("A100-80GB", {"1g.10gb+me": 1}), "1") is None
+    assert chosen_profile([], "1") is None
+
+
+def test_best_fit_ties_go_to_the_profile_with_most_units() -> None:
+    # Same memory and compute on two nodes: the node offering more units of it is where the ask will fit.
+    a = mixed_node("A100-80GB", {"1g.10gb": 2})
+    b = mixed_node("H100-80GB", {"1g.10gb": 7})
+    best = choose_slice(a + b, parse_bytes("10Gi"), allow_shared=False)
+    assert best is not None
+    offer, nodes = best
+    assert (offer.profile, offer.count) == ("1g.10gb", 7)
+    assert sorted(n.product for n in nodes) == ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"]
 
 
 @pytest.mark.parametrize(
