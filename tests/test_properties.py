@@ -4,18 +4,25 @@ no-op, fields we do not own survive, and no JSON input makes it raise."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jsonpatch
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policies import engine
 from policies import inventory as inventory_mod
 from policies.document import compile_policy, default_policy, default_policy_text
-from policies.engine import ReviewContext, review
+from policies.engine import Review, ReviewContext, review
+from policies.mutations import MUTATIONS
 from policies.patch import diff
+from policies.rules import RULES
+from policies.workloads import ELASTICITY_KINDS, KUBEFLOW_REPLICA_SPECS, TEMPLATE_KINDS, effective_kind
 from tests.serverproc import NODES
 
 POLICY = default_policy()
@@ -261,3 +268,198 @@ def test_diff_is_a_correct_json_patch(a: Any, b: Any) -> None:
         assert jsonpatch.apply_patch(copy.deepcopy(a), ops) == b
     else:
         assert type(a) is type(b) and a == b
+
+
+# --- GPU workloads of every handled kind: objects that get past the engine's early exits to the rules ---
+
+gpu_limits = st.sampled_from(
+    [
+        {"nvidia.com/gpu": 1},
+        {"nvidia.com/gpu": "1"},
+        {"nvidia.com/gpu": 2},
+        {"nvidia.com/gpu": 8},
+        {"nvidia.com/gpu": 16},
+        {"nvidia.com/mig-1g.10gb": 1},
+        {"nvidia.com/mig-3g.40gb": "1"},
+        {"nvidia.com/gpu.shared": 1},
+        {"nvidia.com/gpu": 4, "cpu": "8"},
+    ]
+)
+
+
+@st.composite
+def gpu_templates(draw: Any) -> dict[str, Any]:
+    """A pod template whose first container asks for a GPU (the others are drawn as before)."""
+    spec = draw(pod_specs())
+    limits = draw(gpu_limits)
+    gpu = {"name": "gpu", "image": "img", "resources": {"limits": dict(limits)}}
+    if draw(st.booleans()):
+        gpu["resources"]["requests"] = dict(limits)
+    spec["containers"] = [gpu, *spec["containers"][1:]]
+    meta = draw(metadata(name=False))
+    if draw(st.booleans()):
+        meta["labels"]["gpu-admission.io/workload"] = draw(st.sampled_from(["training", "inference", "batch"]))
+    return {"metadata": meta, "spec": spec}
+
+
+KUBEFLOW = KUBEFLOW_REPLICA_SPECS
+API_VERSIONS = {
+    "Pod": "v1",
+    "Job": "batch/v1",
+    "CronJob": "batch/v1",
+    "JobSet": "jobset.x-k8s.io/v1alpha2",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
+    "RayJob": "ray.io/v1",
+    "RayCluster": "ray.io/v1",
+    "VolcanoJob": "batch.volcano.sh/v1alpha1",
+    "HorizontalPodAutoscaler": "autoscaling/v2",
+    "ScaledObject": "keda.sh/v1alpha1",
+}
+GPU_KINDS = sorted(TEMPLATE_KINDS | ELASTICITY_KINDS)
+
+
+def wrap(kind: str, meta: dict[str, Any], template: dict[str, Any], n: int) -> dict[str, Any]:
+    """`template` placed where `kind` keeps its pod templates, `n` pods (or replicas) of it."""
+    api = API_VERSIONS.get(kind, "kubeflow.org/v1" if kind in KUBEFLOW else "apps/v1")
+    head: dict[str, Any] = {"apiVersion": api, "kind": "Job" if kind == "VolcanoJob" else kind, "metadata": meta}
+    if kind == "Pod":
+        return {**head, "spec": template["spec"], "metadata": {**meta, **template["metadata"], "name": meta["name"]}}
+    workers = {"groupName": "w", "replicas": n, "template": copy.deepcopy(template)}
+    ray = {"headGroupSpec": {"template": template}, "workerGroupSpecs": [workers]}
+    spec: dict[str, Any] = {
+        "Job": {"parallelism": n, "template": template},
+        "CronJob": {"schedule": "0 * * * *", "jobTemplate": {"spec": {"parallelism": n, "template": template}}},
+        "JobSet": {"replicatedJobs": [{"name": "w", "replicas": n, "template": {"spec": {"template": template}}}]},
+        "LeaderWorkerSet": {"replicas": 1, "leaderWorkerTemplate": {"size": n, "workerTemplate": template}},
+        "RayJob": {"rayClusterSpec": ray},
+        "RayCluster": ray,
+        "VolcanoJob": {"minAvailable": n, "tasks": [{"name": "w", "replicas": n, "template": template}]},
+        "HorizontalPodAutoscaler": {"scaleTargetRef": {"kind": "Deployment", "name": "target"}, "minReplicas": n - 1},
+        "ScaledObject": {"scaleTargetRef": {"name": "target"}, "minReplicaCount": n - 1},
+    }.get(kind, {"replicas": n, "selector": {"matchLabels": {"app": "x"}}, "template": template})
+    if kind in KUBEFLOW:
+        master = {"replicas": 1, "template": template}
+        spec = {KUBEFLOW[kind]: {"Master": master, "Worker": {"replicas": n, "template": copy.deepcopy(template)}}}
+    return {**head, "spec": spec}
+
+
+@st.composite
+def gpu_workloads(draw: Any, kinds: Sequence[str] = GPU_KINDS) -> tuple[dict[str, Any], ReviewContext]:
+    """A GPU workload of one of `kinds` (default: every handled kind), and the context it is reviewed in (an
+    HPA / ScaledObject gets a GPU Deployment as its target)."""
+    kind = draw(st.sampled_from(kinds))
+    template = draw(gpu_templates())
+    obj = wire(wrap(kind, draw(metadata()), template, draw(st.integers(1, 4))))
+    target = wire(wrap("Deployment", {"name": "target", "namespace": "ml"}, template, 2))
+    return obj, ReviewContext(resolve=lambda *_: target)
+
+
+RULE_IDS = frozenset(r.id for r in RULES)
+
+
+def reached_rules(r: Any) -> bool:
+    return any(x.rule in RULE_IDS and x.outcome != "skip" for x in r.results)
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_generated_gpu_workloads_reach_the_rules(kind: str) -> None:
+    """The generator is worth its examples: every object it draws gets past the engine's early exits and is
+    judged by the rules."""
+    drawn = 0
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(case=gpu_workloads(kinds=[kind]), full=st.booleans())
+    def run(case: tuple[dict[str, Any], ReviewContext], full: bool) -> None:
+        nonlocal drawn
+        obj, ctx = case
+        original = wire(obj)
+        r = review(obj, policy=FULL if full else POLICY, inventory=INVENTORY, ctx=ctx)
+        assert obj == original
+        assert jsonpatch.apply_patch(original, list(r.patch)) == r.object
+        assert not [x for x in r.results if x.outcome == "error"], r.results
+        assert effective_kind(obj) == kind
+        assert reached_rules(r), r.results  # every object it draws is judged by the rules
+        drawn += 1
+
+    run()
+    assert drawn >= 20, drawn
+
+
+def _raising(what: str) -> Callable[..., Any]:
+    def fn(s: Any, *pod: Any) -> Any:
+        if pod:  # a mutation: edit the pod first, so a half-applied change would show in the object
+            pod[0].pod.setdefault("metadata", {})["x-half-applied"] = what
+        raise RuntimeError(f"{what} broke")
+
+    return fn
+
+
+def _with_failure_mode(mode: str) -> Any:
+    doc = copy.deepcopy(_doc)
+    doc["failureMode"] = mode
+    return compile_policy(doc)
+
+
+FAILURE_MODES = {mode: _with_failure_mode(mode) for mode in ("closed", "open")}
+
+
+def _for_each_gpu_workload(check: Callable[[dict[str, Any], Review, dict[str, Any]], bool]) -> int:
+    """Run `check(original, review, object)` on 200 generated GPU workloads; how many it said were reached."""
+    reached = 0
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(case=gpu_workloads(), mode=st.sampled_from(["closed", "open"]))
+    def run(case: tuple[dict[str, Any], ReviewContext], mode: str) -> None:
+        nonlocal reached
+        obj, ctx = case
+        original = wire(obj)
+        r = review(obj, policy=FAILURE_MODES[mode], inventory=INVENTORY, ctx=ctx)  # never raises
+        assert obj == original, "the engine must not edit its input"
+        reached += check(original, r, {"mode": mode})
+
+    run()
+    return reached
+
+
+def test_a_raising_rule_is_an_internal_error_under_the_failure_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "RULES", tuple(dataclasses.replace(r, fn=_raising(r.id)) for r in RULES))
+
+    def check(original: dict[str, Any], r: Review, how: dict[str, Any]) -> bool:
+        ran = [x for x in r.results if x.rule in RULE_IDS and x.outcome != "skip"]
+        assert ran and all(x.outcome == "error" for x in ran), r.results
+        if how["mode"] == "closed":
+            assert not r.allowed
+            assert [f.rule for f in r.denials] == [x.rule for x in ran]
+            for f in r.denials:
+                assert f.message == (
+                    f"{f.rule}: internal error (RuntimeError); failing closed per policy. "
+                    f"Fix: report this object to the platform team"
+                )
+        else:
+            assert r.allowed and not r.denials
+            errors = {w.split(":")[0] for w in r.warnings if "internal error (RuntimeError)" in w}
+            assert errors == {x.rule for x in ran}
+        return True
+
+    assert _for_each_gpu_workload(check) >= 100
+
+
+def test_a_raising_mutation_never_ships_a_half_applied_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "MUTATIONS", tuple(dataclasses.replace(m, fn=_raising(m.id)) for m in MUTATIONS))
+
+    def check(original: dict[str, Any], r: Review, how: dict[str, Any]) -> bool:
+        errors = [x for x in r.results if x.outcome == "error"]
+        if r.kind in ELASTICITY_KINDS:  # HPA / ScaledObject: nothing to mutate
+            assert not errors and r.patch == ()
+            return False
+        assert errors and r.mutations == (), r.results
+        if how["mode"] == "open":
+            assert len(errors) == 1  # the first failure falls back to the original and stops mutating
+            assert r.patch == () and r.object == original
+            assert any(f"{errors[0].rule}: internal error (RuntimeError)" in w for w in r.warnings)
+        else:
+            assert not r.allowed
+            assert {f.rule for f in r.denials} >= {x.rule for x in errors}
+        return True
+
+    assert _for_each_gpu_workload(check) >= 100
