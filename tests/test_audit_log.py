@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.threads import Worker
 from webhook.audit import AuditLog, add_arguments, format_time, from_args, is_stale, parse_time
 from webhook.cli import UsageError
 
@@ -52,7 +52,7 @@ def test_rotation_under_a_threaded_burst_loses_nothing(tmp_path: Path, compress:
         for i in range(per_thread):
             assert log.record(rec(f"{t}-{i}", pad="x" * (i % 97)))
 
-    workers = [threading.Thread(target=burst, args=(t,)) for t in range(threads)]
+    workers = [Worker(burst, t) for t in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
@@ -138,7 +138,7 @@ def test_queue_full_drops_are_counted_and_lines_stay_whole(tmp_path: Path) -> No
     assert log.dropped == 2000 - accepted > 1000
     assert not log.flush(timeout=0.2)  # the writer is stuck on the full pipe: flush says so
     data = bytearray()
-    drainer = threading.Thread(target=_drain, args=(reader, data))
+    drainer = Worker(_drain, reader, data)
     drainer.start()
     assert log.close(timeout=10)  # the writer end closes: the drainer sees EOF
     drainer.join(10)
@@ -164,9 +164,9 @@ def test_close_drains_everything_queued(tmp_path: Path) -> None:
         assert log.record(rec(f"u{i}", pad="y" * 200))
     assert log.pending > 0  # most are still queued behind the full pipe
     data = bytearray()
-    closer = threading.Thread(target=log.close)
+    closer = Worker(log.close)
     closer.start()
-    drainer = threading.Thread(target=_drain, args=(reader, data))
+    drainer = Worker(_drain, reader, data)
     drainer.start()
     closer.join(10)
     drainer.join(10)
@@ -347,58 +347,52 @@ def test_a_burst_is_written_in_one_write(tmp_path: Path) -> None:
     assert 1 <= writes <= 3  # one per line before batching; ~800 KB fits in one write (MAX_WRITE 1 MiB)
 
 
-def test_a_steady_stream_wakes_the_writer_once_per_linger(tmp_path: Path) -> None:
+def test_a_steady_stream_is_written_at_most_once_per_linger(tmp_path: Path) -> None:
     path = tmp_path / "audit.log"
     with AuditLog(path) as log:
         tid = log._thread.native_id
         assert tid is not None
-        writes, wakeups = _thread_stat(tid, "io", "syscw"), _thread_stat(tid, "status", "voluntary_ctxt_switches")
+        writes = _thread_stat(tid, "io", "syscw")
         start, n = time.monotonic(), 0
-        while time.monotonic() - start < 0.4:  # ~4,000 records/s, like a busy server worker
+        while time.monotonic() - start < 0.4:  # a steady stream, like a busy server worker
             assert log.record(rec(f"u{n}"))
             n += 1
             time.sleep(0.0002)
         assert log.flush(10)
         elapsed = time.monotonic() - start
         writes = _thread_stat(tid, "io", "syscw") - writes
-        wakeups = _thread_stat(tid, "status", "voluntary_ctxt_switches") - wakeups
     assert len(all_records(path)) == n
-    # Each batch takes at least the linger (5 ms), and the flush at the end one more: before batching this
-    # was one write and one wake-up per record.
-    assert writes <= elapsed / log.linger + 2 < n / 10
-    assert wakeups < n / 4
+    # Each batch waits at least the linger (5 ms), the flush at the end adds one: however fast or slow this
+    # loop ran, the writer never writes more often than that. Before batching it wrote once per record.
+    # How much batching saves at a given rate is measured by the benchmarks (docs/benchmarks.md), not here.
+    assert writes <= elapsed / log.linger + 2
 
 
-def test_a_record_reaches_the_file_within_the_linger(tmp_path: Path) -> None:
+def test_a_lone_record_is_written_after_the_linger_without_a_flush(tmp_path: Path) -> None:
     path = tmp_path / "audit.log"
-    latencies = []
     with AuditLog(path, linger=0.02) as log:
-        for i in range(10):
+        for i in range(5):
             size = path.stat().st_size
-            start = time.monotonic()
             log.record(rec(f"u{i}"))
+            deadline = time.monotonic() + 10  # a liveness bound, not a latency figure: the writer wakes itself
             while path.stat().st_size == size:
-                time.sleep(0.0005)
-            latencies.append(time.monotonic() - start)
-            time.sleep(0.03)  # the writer is idle again
-    latencies.sort()
-    assert latencies[len(latencies) // 2] < 0.02 + 0.01  # the linger and a little (a noisy, shared machine)
-    assert latencies[-1] < 0.02 + 0.2
-    assert [r["uid"] for r in all_records(path)] == [f"u{i}" for i in range(10)]
+                assert time.monotonic() < deadline, f"record u{i} never written without a flush"
+                time.sleep(0.001)
+        assert [r["uid"] for r in all_records(path)] == [f"u{i}" for i in range(5)]
 
 
 def test_flush_and_close_cut_the_linger_short(tmp_path: Path) -> None:
     path = tmp_path / "audit.log"
-    log = AuditLog(path, linger=1.0)
+    log = AuditLog(path, linger=30.0)  # far beyond the bounds below, so a busy machine cannot blur them
     log.record(rec("a"))
     start = time.monotonic()
-    assert log.flush(timeout=5)
-    assert time.monotonic() - start < 0.5
+    assert log.flush(timeout=20)
+    assert time.monotonic() - start < 10
     assert [r["uid"] for r in all_records(path)] == ["a"]
     log.record(rec("b"))
     start = time.monotonic()
-    assert log.close(timeout=5)
-    assert time.monotonic() - start < 0.5
+    assert log.close(timeout=20)
+    assert time.monotonic() - start < 10
     assert [r["uid"] for r in all_records(path)] == ["a", "b"]
     with pytest.raises(ValueError, match="linger"):
         AuditLog(path, linger=-1)

@@ -31,6 +31,7 @@ from certs.rotation import init_dir, rotate
 from certs.status import cert_status, chain_ok, san_names, serving_not_after, verify_chain
 from certs.store import CA_BUNDLE, CA_CERT, CA_KEY, TLS_CERT, TLS_KEY, load_pair, read_bundle, read_cert
 from certs.tlsconfig import server_ssl_context
+from tests.threads import Worker
 
 SVC, NS = "gpu-admission", "gpu-system"
 ALL_NAMES = (CA_CERT, CA_KEY, TLS_CERT, TLS_KEY, CA_BUNDLE)
@@ -302,15 +303,15 @@ def test_concurrent_rotation_never_yields_a_mismatched_pair(tmp_path: Path) -> N
             pair = load_pair(directory, attempts=20, delay=0.001)
             seen.append(pair.cert.serial_number.to_bytes(20, "big").hex())
 
-    thread = threading.Thread(target=reader)
+    thread = Worker(reader)
     thread.start()
     try:
         for _ in range(15):
             rotate(directory, force=True)
     finally:
         stop.set()
-        thread.join()
-    assert seen  # every load verified key == cert, or it would have raised in the thread
+        thread.join()  # re-raises a mismatched pair (CertError) seen by the reader
+    assert seen
 
 
 # -- rotation -------------------------------------------------------------------------------------------
