@@ -14,7 +14,6 @@ alone cannot prove it, since the server writes no record for an object it allows
 from __future__ import annotations
 
 import copy
-import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -25,31 +24,17 @@ import yaml
 
 from tests.e2e import crds
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.webhook import Webhook
+from tests.e2e.webhook import Webhook, calls_since, served
 
 pytestmark = pytest.mark.e2e
 
 Obj = dict[str, Any]
 TYPO_ANNOTATION = {"gpu-admission.io/gpu-memry": "10Gi"}
 BAD_LABEL = {"gpu-admission.io/workload": "trainig"}
-REQUESTS = re.compile(r'^gpu_admission_requests_total\{webhook="(\w+)",verdict="(\w+)"\} (\S+)$', re.M)
 
 
 def apply(cp: ControlPlane, ns: str, docs: list[Obj], *flags: str) -> subprocess.CompletedProcess[str]:
     return cp.kubectl("apply", "-n", ns, "-f", "-", *flags, input=yaml.safe_dump_all(docs), check=False)
-
-
-def served(webhook: Webhook) -> dict[tuple[str, str], float]:
-    """The server's admission reviews so far, by (webhook, verdict). Counted before each response is sent."""
-    assert webhook.server is not None
-    with webhook.server.client() as client:
-        text = client.get("/metrics").raise_for_status().text
-    return {(m[1], m[2]): float(m[3]) for m in REQUESTS.finditer(text)}
-
-
-def calls_since(before: dict[tuple[str, str], float], webhook: Webhook) -> dict[tuple[str, str], float]:
-    after = served(webhook)
-    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
 
 
 def container() -> Obj:

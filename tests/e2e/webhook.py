@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.serverproc import ROOT, ServerProcess, free_port, make_certs
 
 NAMESPACE = "gpu-admission"
 POLICY_CONFIGMAP = "gpu-admission-policy"
+REQUESTS = re.compile(r'^gpu_admission_requests_total\{webhook="(\w+)",verdict="(\w+)"\} (\S+)$', re.M)
 
 
 def render(cp: ControlPlane, path: Path = ROOT / "deploy") -> list[dict[str, Any]]:
@@ -130,3 +132,16 @@ class Webhook:
             kind = cfg["kind"].lower()
             self.cp.kubectl("delete", kind, cfg["metadata"]["name"], "--ignore-not-found", check=False)
         self.stop_server()
+
+
+def served(webhook: Webhook) -> dict[tuple[str, str], float]:
+    """The server's admission reviews so far, by (webhook, verdict). Counted before each response is sent."""
+    assert webhook.server is not None
+    with webhook.server.client() as client:
+        text = client.get("/metrics").raise_for_status().text
+    return {(m[1], m[2]): float(m[3]) for m in REQUESTS.finditer(text)}
+
+
+def calls_since(before: dict[tuple[str, str], float], webhook: Webhook) -> dict[tuple[str, str], float]:
+    after = served(webhook)
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
