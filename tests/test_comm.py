@@ -280,29 +280,46 @@ def test_penalty_phrase() -> None:
     assert penalty_phrase(even).startswith("all-reduce about as fast across racks")
 
 
+def _hier(**kw: float) -> float:
+    args: dict[str, float] = {"size_bytes": 1, "gpus_per_node": 8, "nodes": 2, "node_gbytes_per_s": 50.0,
+                              "net_gbytes_per_s": 25.0}  # fmt: skip
+    return hierarchical_allreduce_ms(**{**args, **kw})  # type: ignore[arg-type]
+
+
+# Each check names the argument it refused; strict bounds refuse the bound itself (0 GB/s is no link).
 @pytest.mark.parametrize(
-    "call",
+    ("call", "message"),
     [
-        lambda: ring_allreduce_ms(1, 0, 50.0),
-        lambda: ring_allreduce_ms(-1, 8, 50.0),
-        lambda: ring_allreduce_ms(1, 8, 0.0),
-        lambda: ring_allreduce_ms(1, 8, math.nan),
-        lambda: ring_allreduce_ms(1, 8, 50.0, alpha_us=-1),
-        lambda: hierarchical_allreduce_ms(1, 8, 2, 50.0, 25.0, oversubscription=0.5),
-        lambda: hierarchical_allreduce_ms(1, 8, 0, 50.0, 25.0),
-        lambda: Bandwidths(nvlink_gbps=0),
-        lambda: Bandwidths(network_gbps=-1),
-        lambda: Bandwidths(cross_rack_oversubscription=0.9),
-        lambda: Bandwidths(cross_rack_hop_us=math.inf),
-        lambda: placement_estimate(0, 8, 8),
-        lambda: placement_estimate(1, 0, 8),
-        lambda: placement_estimate(1, 8, 0),
-        lambda: algbw_gbytes_per_s(1, 0.0),
+        (lambda: ring_allreduce_ms(1, 0, 50.0), "ranks must be a whole number ≥ 1, got 0"),
+        (lambda: ring_allreduce_ms(-1, 8, 50.0), "size_bytes must be ≥ 0, got -1"),
+        (lambda: ring_allreduce_ms(1, 8, 0.0), "link bandwidth must be > 0, got 0.0"),
+        (lambda: ring_allreduce_ms(1, 8, math.nan), "link bandwidth must be a finite number, got nan"),
+        (lambda: ring_allreduce_ms(1, 8, 50.0, alpha_us=-1), "alpha_us must be ≥ 0, got -1"),
+        (lambda: _hier(size_bytes=-1), "size_bytes must be ≥ 0, got -1"),
+        (lambda: _hier(gpus_per_node=0), "gpus_per_node must be a whole number ≥ 1, got 0"),
+        (lambda: _hier(nodes=0), "nodes must be a whole number ≥ 1, got 0"),
+        (lambda: _hier(node_gbytes_per_s=0.0), "node bandwidth must be > 0, got 0.0"),
+        (lambda: _hier(net_gbytes_per_s=0.0), "network bandwidth must be > 0, got 0.0"),
+        (lambda: _hier(alpha_node_us=-1), "alpha_node_us must be ≥ 0, got -1"),
+        (lambda: _hier(alpha_net_us=-1), "alpha_net_us must be ≥ 0, got -1"),
+        (lambda: _hier(oversubscription=0.5), "oversubscription must be ≥ 1, got 0.5"),
+        (lambda: Bandwidths(nvlink_gbps=0), "nvlink_gbps must be > 0, got 0"),
+        (lambda: Bandwidths(network_gbps=0), "network_gbps must be > 0, got 0"),
+        (lambda: Bandwidths(cross_rack_oversubscription=0.9), "cross_rack_oversubscription must be ≥ 1, got 0.9"),
+        (lambda: Bandwidths(alpha_nvlink_us=-1), "alpha_nvlink_us must be ≥ 0, got -1"),
+        (lambda: Bandwidths(alpha_network_us=-1), "alpha_network_us must be ≥ 0, got -1"),
+        (lambda: Bandwidths(cross_rack_hop_us=math.inf), "cross_rack_hop_us must be a finite number, got inf"),
+        (lambda: placement_estimate(0, 8, 8), "message size must be a whole number of bytes ≥ 1, got 0"),
+        (lambda: placement_estimate(1, 0, 8), "total_gpus must be a whole number ≥ 1, got 0"),
+        (lambda: placement_estimate(1, 8, 0), "gpus_per_node must be a whole number ≥ 1, got 0"),
+        (lambda: algbw_gbytes_per_s(1, 0.0), "time_ms must be > 0, got 0.0"),
+        (lambda: busbw_gbytes_per_s(1, 1.0, 0), "ranks must be a whole number ≥ 1, got 0"),
     ],
 )
-def test_bad_inputs_raise_value_error(call: object) -> None:
-    with pytest.raises(ValueError):
+def test_bad_inputs_raise_value_error_naming_the_argument(call: object, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
         call()  # type: ignore[operator]
+    assert str(caught.value) == message
 
 
 def test_nvlink_domain_penalty_by_hand() -> None:
