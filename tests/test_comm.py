@@ -219,7 +219,17 @@ def test_one_gpu_has_nothing_to_estimate() -> None:
     est = placement_estimate(S_16MB, 1, 8)
     assert (est.intra_node_ms, est.intra_rack_ms, est.cross_rack_ms) == (0.0, None, None)
     assert (est.intra_node_ratio, est.best, est.cross_rack_penalty) == (1.0, "intra-node", None)
-    assert "1-GPU" in penalty_phrase(est)
+    assert penalty_phrase(est) == "no all-reduce cost: a 1-GPU job does not communicate"
+    assert "spread = none (1 GPU)," in est.assumptions
+
+
+@pytest.mark.parametrize(
+    ("oversubscription", "fabric"),
+    [(1.0, "cross-rack = 2 racks, non-blocking,"), (2.0, "cross-rack = 2 racks, 2:1 oversubscribed, loaded,")],
+)
+def test_assumptions_name_the_fabric(oversubscription: float, fabric: str) -> None:
+    est = placement_estimate(S_16MB, 16, 8, Bandwidths(cross_rack_oversubscription=oversubscription))
+    assert fabric in est.assumptions
 
 
 @given(
