@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -81,6 +82,13 @@ class Review:
         return " | ".join(f.message for f in self.denials)
 
 
+@lru_cache(maxsize=1024)
+def _plain(rule: str, action: str, outcome: str) -> RuleResult:
+    """The message-less results (pass, skip, applied), made once: they are immutable, and building ~20
+    frozen dataclasses per review was ~10% of the engine's budget. Bounded by rules × actions × outcomes."""
+    return RuleResult(rule, action, outcome)
+
+
 def _cap(action: str, mode: str) -> str:
     return action if _RANK[action] <= _RANK[mode] else mode
 
@@ -91,11 +99,23 @@ def short(text: str, limit: int = WARNING_LIMIT) -> str:
 
 
 def _copy(obj: Json) -> Json:
+    """A deep copy for the mutations to edit. `metadata.managedFields` is shared, not copied: no mutation
+    touches it, and on a controller-made pod it is half the bytes (decoding it was ~10 µs of the 100 µs
+    budget). The diff sees the shared list as equal, so the patch never mentions it."""
+    meta = obj.get("metadata")
+    managed = meta.get("managedFields") if isinstance(meta, dict) else None
+    if managed is not None:
+        assert isinstance(meta, dict)
+        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
     try:
         out: Json = orjson.loads(orjson.dumps(obj))  # several times faster than deepcopy for JSON
-        return out
     except (TypeError, orjson.JSONEncodeError):
-        return copy.deepcopy(obj)  # big integers or non-str keys: slower but exact
+        out = copy.deepcopy(obj)  # big integers or non-str keys: slower but exact
+    if managed is not None:
+        assert isinstance(meta, dict)
+        copied = out["metadata"]
+        out["metadata"] = {k: managed if k == "managedFields" else copied[k] for k in meta}  # same key order
+    return out
 
 
 def _untouched(obj: Json, kind: str, policy: Policy, warnings: tuple[str, ...] = (), handled: bool = True) -> Review:
@@ -167,14 +187,14 @@ def review(
             if changed:
                 subject.invalidate(m.touches)
                 applied.append(m.id)
-                results.append(RuleResult(m.id, "mutate", "applied"))
+                results.append(_plain(m.id, "mutate", "applied"))
 
     for rule in RULES if validate else ():
         if (elastic and not rule.elasticity) or (only is not None and rule.id not in only):
             continue
         action = _cap(policy.rules.get(rule.id, "enforce"), mode)
         if action == "off":
-            results.append(RuleResult(rule.id, action, "skip"))
+            results.append(_plain(rule.id, action, "skip"))
             continue
         try:
             violations = rule.fn(subject)
@@ -184,7 +204,7 @@ def review(
             failed_closed = failed_closed or policy.failure_mode == "closed"
             continue
         if not violations:
-            results.append(RuleResult(rule.id, action, "pass"))
+            results.append(_plain(rule.id, action, "pass"))
             continue
         v = violations[0]
         if action == "enforce":

@@ -86,6 +86,7 @@ def _update(p: Posting | None, add: Collection[int], remove: Collection[int]) ->
 
 SHARDS = 64
 CHUNK = 256  # node slots per chunk of the slot table
+MASK_MEMO = 256  # named-set bitmasks memoized per index version (NodeIndex.set)
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +95,12 @@ class Shards(Mapping[Any, Any]):
     touches, so one change to a map of 50,000 names costs ~1/64 of a copy (label values, names -> slots)."""
 
     shards: tuple[dict[Any, Any], ...] = tuple({} for _ in range(SHARDS))
+    # Counted once at construction: `len()` and truth are asked per review (is the inventory empty?), and
+    # summing 64 shards there cost ~10 µs of the 100 µs budget.
+    size: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", sum(len(shard) for shard in self.shards))
 
     def __getitem__(self, key: Any) -> Any:
         return self.shards[hash(key) % SHARDS][key]
@@ -109,7 +116,7 @@ class Shards(Mapping[Any, Any]):
             yield from shard
 
     def __len__(self) -> int:
-        return sum(len(shard) for shard in self.shards)
+        return self.size
 
     def updated(self, changes: Mapping[Any, Any]) -> Shards:
         """A copy with `changes` applied: key -> value, or key -> None to remove it."""
@@ -144,6 +151,10 @@ class NodeIndex:
     has: Mapping[str, Posting] = field(default_factory=dict)  # key -> nodes carrying it
     sets: Mapping[Any, Posting] = field(default_factory=dict)  # named sets
     every: int = 0
+    # Small postings are tuples; a review asks for the same few named sets several times (offers, whole
+    # card, shared), so their bitmask is built once per index version. Bounded: a hostile label set cannot
+    # grow it past MASK_MEMO entries.
+    _masks: dict[Any, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -167,7 +178,15 @@ class NodeIndex:
         return as_mask(values.get(value)) if values is not None else 0
 
     def set(self, name: Any) -> int:
-        return as_mask(self.sets.get(name))
+        p = self.sets.get(name)
+        if p is None or isinstance(p, int):
+            return p or 0
+        mask = self._masks.get(name)
+        if mask is None:
+            mask = bits(p)
+            if len(self._masks) < MASK_MEMO:
+                self._masks[name] = mask
+        return mask
 
     def key_count(self, key: str) -> int:
         return count(self.has.get(key))
