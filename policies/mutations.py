@@ -358,7 +358,14 @@ def prefers_domain(p: Pod, key: str) -> bool:
 def job_domain(s: Subject) -> tuple[str, frozenset[str]] | None:
     """(topology key, keys at that level or finer) the job is kept in, or None: an NVLink domain for a job
     that claims a ComputeDomain / IMEX channel (it only works inside one), else the narrowest level whose
-    largest domain holds the job's whole GPUs."""
+    largest domain holds the job's whole GPUs. Cached on the subject until a mutation touches resources
+    or metadata."""
+    if s._domain is False:
+        s._domain = _job_domain(s)
+    return s._domain if isinstance(s._domain, tuple) else None
+
+
+def _job_domain(s: Subject) -> tuple[str, frozenset[str]] | None:
     inv = s.inventory
     if inv.nvlink_key and claims_nvlink_domain(s):
         i = inv.level_index("nvlink")

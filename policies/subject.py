@@ -125,6 +125,8 @@ class Subject:
     _obj_keys: userkeys.UserKeys = field(default_factory=userkeys.UserKeys)
     _job: Job | None = None
     _placement: placement.Decision | bool | None = False  # False: not decided yet
+    # mutations.job_domain, asked by training-rack, placement and two rules per review (False: not yet).
+    _domain: tuple[str, frozenset[str]] | bool | None = False
     pinned: placement.Decision | None = None  # the decision training-rack pinned the job's rack by
 
     @property
@@ -148,6 +150,7 @@ class Subject:
             self._gpu_pods = None
         if RESOURCES in touched or METADATA in touched:
             self._job = None
+            self._domain = False  # job size and claims (resources), job identity (metadata)
         if not {RESOURCES, METADATA, NODE_SELECTION}.isdisjoint(touched):
             self._placement = False
         rack = not _RACK_INPUTS.isdisjoint(touched)
