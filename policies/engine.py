@@ -15,6 +15,7 @@ import orjson
 
 from policies import placement, userkeys
 from policies.document import Policy
+from policies.exceptions import Exemption
 from policies.inventory import Inventory
 from policies.mutations import MUTATIONS
 from policies.patch import JsonOp, diff
@@ -25,6 +26,7 @@ from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, container
 
 __all__ = ["Finding", "Placement", "Review", "ReviewContext", "RuleResult", "review"]
 
+EXCEPTED = "excepted"  # a rule's outcome when a GPUPolicyException let the violation through
 _RANK = {"off": 0, "audit": 1, "warn": 2, "enforce": 3}
 WARNING_LIMIT = 120  # the API server keeps warnings short; kubectl prints each on one line
 
@@ -37,7 +39,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class RuleResult:
-    """Outcome of one rule or mutation: pass | deny | warn | audit | error | skip | applied."""
+    """Outcome of one rule or mutation: pass | deny | warn | audit | excepted | error | skip | applied."""
 
     rule: str
     action: str
@@ -70,6 +72,14 @@ class Review:
     handled: bool = True
     # The domain training-rack pinned from the capacity view (the server reserves it), else None.
     placement: Placement | None = None
+    # (rule, GPUPolicyException namespace/name) for each violation an exception let through, and the expired
+    # exceptions that would have let one through (ignored, reported).
+    excepted: tuple[tuple[str, str], ...] = ()
+    expired: tuple[str, ...] = ()
+
+    @property
+    def exceptions(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(ref for _, ref in self.excepted))
 
     @property
     def verdict(self) -> str:
@@ -163,6 +173,8 @@ def review(
     denials: list[Finding] = []
     warnings: list[str] = [short(n) for n in notes]
     failed_closed = False
+    excepted: list[tuple[str, str]] = []
+    expired: list[str] = []
 
     applied: list[str] = []
     if mutate and not elastic:
@@ -207,6 +219,16 @@ def review(
             results.append(_plain(rule.id, action, "pass"))
             continue
         v = violations[0]
+        exemption, lapsed = _exemption(rule.id, obj, ctx)
+        if lapsed is not None and lapsed.ref not in expired:
+            expired.append(lapsed.ref)
+            warnings.append(short(f"{rule.id} applies again: exception {lapsed.ref} expired {lapsed.until_text}"))
+        if exemption is not None:
+            message = f"{rule.id}: {v.found} (excepted by {exemption.ref} until {exemption.until_text})"
+            results.append(RuleResult(rule.id, action, EXCEPTED, " ".join(message.split())))
+            warnings.append(short(f"{rule.id} excepted by {exemption.ref} until {exemption.until_text}"))
+            excepted.append((rule.id, exemption.ref))
+            continue
         if action == "enforce":
             message = f"{rule.id}: {v.found}. Fix: {v.fix}"
             denials.append(Finding(rule.id, " ".join(message.split())))
@@ -238,7 +260,31 @@ def review(
         results=tuple(results),
         policy_hash=policy.hash,
         placement=_pinned(subject),
+        excepted=tuple(excepted),
+        expired=tuple(expired),
     )
+
+
+def _exemption(rule_id: str, obj: Json, ctx: ReviewContext) -> tuple[Exemption | None, Exemption | None]:
+    """The live exception that lets `obj` through `rule_id`, and an expired one that would have (reported).
+    Only the namespace's own exceptions are in `ctx` (indexed by the caller), so this reads a handful."""
+    lapsed = None
+    if not ctx.exceptions:
+        return None, None
+    ns = ctx.namespace or _namespace(obj)
+    for e in ctx.exceptions:
+        if e.covers(rule_id, obj, ns):
+            if ctx.now is not None and e.expired(ctx.now):
+                lapsed = lapsed or e
+            else:
+                return e, lapsed
+    return None, lapsed
+
+
+def _namespace(obj: Json) -> str:
+    meta = obj.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, dict) else None
+    return ns if isinstance(ns, str) and ns else "default"
 
 
 def _pinned(s: Subject) -> Placement | None:

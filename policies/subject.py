@@ -13,6 +13,7 @@ from typing import Any
 from policies import placement, userkeys
 from policies.classify import classify, default_latency
 from policies.document import Policy
+from policies.exceptions import Exemption
 from policies.inventory import Inventory, NodeSet
 from policies.resources import PodAsk, pod_ask
 from policies.workloads import JOB_IDENTITY_LABEL, POD_JOB_LABELS, Json, Template, effective_kind, templates
@@ -51,6 +52,10 @@ class ReviewContext:
     # The pod view (None: none, placement falls back to the static rule) and every job's reservation.
     capacity: placement.Capacity | None = None
     reservations: tuple[placement.Reservation, ...] = ()
+    # The GPUPolicyExceptions of the object's namespace, and the time to judge their `until` by (Unix
+    # seconds; None: expiry not judged, the caller passes only live ones). The engine reads no clock.
+    exceptions: tuple[Exemption, ...] = ()
+    now: float | None = None
 
 
 @dataclass

@@ -25,6 +25,7 @@ ENFORCEMENT = PREFIX + "enforcement"
 
 CLASSES = ("training", "inference", "batch")
 LATENCIES = ("online", "offline")
+MODES = ("enforce", "warn", "audit", "off")  # values of the namespace label ENFORCEMENT
 LABEL_KEYS = frozenset({WORKLOAD, JOB})
 ANNOTATION_KEYS = frozenset({GPU_MEMORY, LATENCY, JOB_GPUS})
 
@@ -113,6 +114,6 @@ def namespace_mode(labels: Mapping[str, str] | None, default: str) -> tuple[str,
     if not labels or ENFORCEMENT not in labels:
         return default, None
     value = labels[ENFORCEMENT]
-    if value in ("enforce", "warn", "audit", "off"):
+    if value in MODES:
         return value, None
     return default, f"namespace label {ENFORCEMENT}={value!r} is invalid (enforce|warn|audit|off); using {default}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from cluster.pods import PodView
+from policies import exceptions as exceptions_mod
 from policies import inventory as inventory_mod
 from policies.document import MUTATION_IDS, RULE_IDS, Policy, compile_policy, default_policy_text
 from policies.engine import WARNING_LIMIT, Review, ReviewContext, review
@@ -30,10 +32,22 @@ from webhook.state import capacity_of
 ROOT = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).resolve().parent / "cases"
 DEFAULT_NODES = "examples/cluster/nodes.yaml"
-FOLDERS = ("mutations", "rules", "kinds", "bad-input", "namespaces", "elasticity", "clusters")
+FOLDERS = ("mutations", "rules", "kinds", "bad-input", "namespaces", "elasticity", "clusters", "exceptions")
 
 CASE_KEYS = frozenset(
-    {"description", "nodes", "pods", "policy", "namespaceLabels", "related", "input", "expect", "xfail"}
+    {
+        "description",
+        "nodes",
+        "pods",
+        "policy",
+        "namespaceLabels",
+        "related",
+        "exceptions",
+        "now",
+        "input",
+        "expect",
+        "xfail",
+    }
 )
 EXPECT_KEYS = frozenset(
     {
@@ -46,6 +60,7 @@ EXPECT_KEYS = frozenset(
         "object",
         "messageContains",
         "warningsContain",
+        "excepted",
     }
 )
 
@@ -152,13 +167,29 @@ def resolver(related: list[Any]) -> Callable[[str, str, str], dict[str, Any] | N
     return resolve
 
 
+CASE_NOW = "2026-12-01T12:00:00Z"  # the clock of every case (`now` overrides it): exceptions expire against it
+
+
+def exceptions_for(case: dict[str, Any], obj: Any) -> tuple[tuple[exceptions_mod.Exemption, ...], float]:
+    """The case's GPUPolicyExceptions of the object's namespace, as the server's index hands them over,
+    and the time to judge them by."""
+    now = datetime.fromisoformat(str(case.get("now", CASE_NOW)).replace("Z", "+00:00")).timestamp()
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    ns = (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
+    parsed = [exceptions_mod.parse(e) for e in case.get("exceptions") or []]
+    return exceptions_mod.index(parsed).get(ns, ()), now
+
+
 def run_case(case: dict[str, Any], obj: Any) -> tuple[Review, Policy, inventory_mod.Inventory, ReviewContext]:
     policy = policy_for(case.get("policy"))
     inv = inventory_for(case.get("nodes", DEFAULT_NODES), policy)
+    excs, now = exceptions_for(case, obj)
     ctx = ReviewContext(
         namespace_labels=case.get("namespaceLabels"),
         resolve=resolver(case.get("related") or []),
         capacity=capacity_for(case.get("pods")),
+        exceptions=excs,
+        now=now,
     )
     return review(obj, policy=policy, inventory=inv, ctx=ctx), policy, inv, ctx
 
@@ -226,6 +257,10 @@ def test_case(path: Path) -> None:
     audited = {res.rule for res in r.results if res.outcome == "audit"}
     assert sorted(audited) == sorted(set(expect.get("audited") or [])), f"audited: {sorted(audited)}\n{got}"
     assert sorted(r.mutations) == sorted(set(expect.get("mutations") or [])), got
+    excepted = {res.rule for res in r.results if res.outcome == "excepted"}
+    assert sorted(excepted) == sorted(set(expect.get("excepted") or [])), f"excepted: {sorted(excepted)}\n{got}"
+    if excepted:
+        assert r.exceptions, f"rules excepted but no exception named in the review\n{got}"
     assert len(r.mutations) == len(set(r.mutations)), got
     if "object" in expect:
         assert r.object == expect["object"], yaml.safe_dump(r.object, sort_keys=False)
