@@ -68,4 +68,4 @@ USER 65532:65532
 EXPOSE 8443
 
 ENTRYPOINT ["gpu-admission"]
-CMD ["serve", "--port", "8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key", "--policy-configmap", "gpu-admission/gpu-admission-policy", "--audit-stdout"]
+CMD ["serve", "--port", "8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key", "--policy-configmap", "gpu-admission/gpu-admission-policy", "--exception-group", "gpu-admission:exception-approvers", "--audit-stdout"]

@@ -42,7 +42,8 @@ SERVER_SA = "gpu-admission"
 CERTS_SA = "gpu-admission-certs"
 SERVE_ARGS = [
     "serve", "--port", "8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key",
-    "--policy-configmap", "gpu-admission/gpu-admission-policy", "--audit-stdout",
+    "--policy-configmap", "gpu-admission/gpu-admission-policy",
+    "--exception-group", "gpu-admission:exception-approvers", "--audit-stdout",
 ]  # fmt: skip
 WORKLOAD_KINDS_RESOURCES = {
     ("apps", "deployments"), ("apps", "statefulsets"), ("apps", "replicasets"), ("apps", "daemonsets"),
@@ -169,7 +170,8 @@ def test_base_renders_every_object() -> None:
     ]:
         one(docs, kind, name)
     for d in docs:
-        if d["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"} and "Webhook" not in d["kind"]:
+        cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+        if d["kind"] not in cluster_scoped and "Webhook" not in d["kind"]:
             assert d["metadata"].get("namespace") == NS, f"{d['kind']} {d['metadata']['name']} not in {NS}"
 
 
@@ -382,7 +384,8 @@ def test_webhook_common_settings(rendered: list[dict[str, Any]]) -> None:
         if kind.startswith("Mutating"):
             assert h["reinvocationPolicy"] == "IfNeeded", name
         for rule in h["rules"]:
-            assert rule.get("scope") == "Namespaced", name
+            # Namespaces are cluster-scoped (their enforcement label is guarded); everything else is namespaced.
+            assert rule.get("scope") == ("Cluster" if rule["resources"] == ["namespaces"] else "Namespaced"), name
             assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], name
             assert not any("/" in r for r in rule["resources"]), f"{name}: no subresources (status, scale)"
 
@@ -807,6 +810,32 @@ def cel_cases(
         yield "delete another ConfigMap", "DELETE", None, other, "something-else", False
         yield "generateName", "CREATE", generated, None, "", False
         return
+    if family == "exceptions":
+        exc = {"apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUPolicyException",
+               "metadata": {"name": "e", "namespace": "ml"}, "spec": {"until": "2027-01-01T00:00:00Z"}}  # fmt: skip
+        later = copy.deepcopy(exc)
+        later["spec"]["until"] = "2027-02-01T00:00:00Z"
+        relabelled = _with_meta(exc, labels={"team": "ml"})
+        yield "create", "CREATE", exc, None, "e", True
+        yield "until changed", "UPDATE", later, exc, "e", True
+        yield "metadata-only update (an expired one can still be relabelled)", "UPDATE", relabelled, exc, "e", False
+        yield "no spec (the schema refuses it; the webhook must not error)", "CREATE", _obj("X", {}), None, "e", True
+        return
+    if family == "namespaces":
+        plain = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}
+        off = _with_meta(plain, labels={"gpu-admission.io/enforcement": "off"})
+        warn = _with_meta(plain, labels={"gpu-admission.io/enforcement": "warn"})
+        empty = _with_meta(plain, labels={"gpu-admission.io/enforcement": ""})
+        other = _with_meta(off, labels={"team": "ml"})
+        yield "create without the label", "CREATE", plain, None, "ml", False
+        yield "create with the label", "CREATE", off, None, "ml", True
+        yield "label set", "UPDATE", off, plain, "ml", True
+        yield "label changed", "UPDATE", warn, off, "ml", True
+        yield "label removed", "UPDATE", plain, off, "ml", True
+        yield "label set to the empty value", "UPDATE", empty, plain, "ml", True
+        yield "another label changed", "UPDATE", other, off, "ml", False
+        yield "nothing changed", "UPDATE", off, off, "ml", False
+        return
     for kind, wrap in FAMILIES[family].items():
         yield from _user_key_cases(family, kind, wrap, verb)
         gpu = wrap(_pod_template(GPU))
@@ -862,12 +891,17 @@ def _program(expression: str) -> Any:
     return env.program(env.compile(expression))
 
 
-def _evaluate(celpy: Any, hook: dict[str, Any], op: str, obj: Any, old: Any, name: str) -> bool:
+def _evaluate(
+    celpy: Any, hook: dict[str, Any], op: str, obj: Any, old: Any, name: str, groups: tuple[str, ...] = ("dev",)
+) -> bool:
+    user = {"username": "alice", "groups": ["system:authenticated", *groups]}
     activation = {
         "object": celpy.json_to_cel(obj),
         "oldObject": celpy.json_to_cel(old),
         # Like the API server's AdmissionRequest: empty fields are omitted (name, with generateName).
-        "request": celpy.json_to_cel({"operation": op, "namespace": "ml", **({"name": name} if name else {})}),
+        "request": celpy.json_to_cel(
+            {"operation": op, "namespace": "ml", "userInfo": user, **({"name": name} if name else {})}
+        ),
     }
     for condition in hook.get("matchConditions", []):
         result = _program(condition["expression"]).evaluate(activation)
@@ -894,9 +928,33 @@ def test_cel_conditions_on_sample_objects(rendered: list[dict[str, Any]]) -> Non
     assert families_seen >= set(FAMILIES)
 
 
+@pytest.mark.parametrize(
+    ("groups", "sent"),
+    [
+        (("dev",), True),
+        (("gpu-admission:exception-approvers",), True),  # judged by the server, which knows the configured group
+        (("system:masters",), False),
+        (("system:serviceaccounts", "system:serviceaccounts:kube-system"), False),
+    ],
+)
+def test_cluster_admins_and_kube_system_never_wait_on_the_namespace_webhook(
+    rendered: list[dict[str, Any]], groups: tuple[str, ...], sent: bool
+) -> None:
+    """Never a lock-out: the enforcement label of a namespace changes without the webhook for these."""
+    (hook,) = [h for _, h in all_webhooks(rendered) if h["name"] == "namespaces.validate.gpu-admission.io"]
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}
+    off = _with_meta(ns, labels={"gpu-admission.io/enforcement": "off"})
+    assert _evaluate(_celpy(), hook, "UPDATE", off, ns, "ml", groups) is sent
+    no_groups = {"username": "x"}  # a user without groups: the condition must not error
+    activation_ok = _program(hook["matchConditions"][1]["expression"]).evaluate(
+        {"request": _celpy().json_to_cel({"operation": "UPDATE", "userInfo": no_groups})}
+    )
+    assert bool(activation_ok) is True
+
+
 def test_cel_cases_as_json_for_the_e2e_dry_run() -> None:
     """The sample cases serialise (the e2e suite can replay them against a real API server)."""
-    for family in [*FAMILIES, "horizontalpodautoscalers", "scaledobjects", "policy"]:
+    for family in [*FAMILIES, "horizontalpodautoscalers", "scaledobjects", "policy", "exceptions", "namespaces"]:
         for verb in ("admit", "mutate", "validate"):
             json.dumps(list(cel_cases(family, verb)))
 
@@ -925,7 +983,12 @@ def test_no_wildcards_or_escalation(rendered: list[dict[str, Any]]) -> None:
         for rule in role["rules"]:
             for field in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: wildcard {field}"
-            assert not set(rule["verbs"]) & {"escalate", "bind", "impersonate", "delete", "deletecollection"}
+            forbidden = {"escalate", "bind", "impersonate", "delete", "deletecollection"}
+            if role["metadata"]["name"] == "gpu-admission-exception-approver":
+                # Approvers revoke an exception early by deleting it; that role grants nothing else.
+                assert rule["resources"] == ["gpupolicyexceptions"], rule
+                forbidden -= {"delete"}
+            assert not set(rule["verbs"]) & forbidden
             assert "nonResourceURLs" not in rule
 
 
@@ -945,7 +1008,7 @@ def test_server_rbac_is_read_only(rendered: list[dict[str, Any]]) -> None:
     assert ("", "configmaps") in granted
     allowed = {
         ("", "nodes"), ("", "namespaces"), ("", "configmaps"), ("autoscaling", "horizontalpodautoscalers"),
-        ("keda.sh", "scaledobjects"), ("", "pods"),
+        ("keda.sh", "scaledobjects"), ("", "pods"), ("gpu-admission.io", "gpupolicyexceptions"),
     } | WORKLOAD_KINDS_RESOURCES  # fmt: skip
     assert granted <= allowed, f"unexpected grants: {granted - allowed}"
 

@@ -20,8 +20,10 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from policies import exceptions as exceptions_mod
 from policies.document import PolicyError, parse_policy_text
-from policies.engine import Review, ReviewContext, review
+from policies.engine import EXCEPTED, Review, ReviewContext, review
+from policies.protect import DEFAULT_GROUP, enforcement_change
 from webhook import admission
 from webhook.metrics import Metrics
 from webhook.state import POLICY_KEY, State
@@ -48,6 +50,8 @@ class ServerConfig:
     draining: bool = False
     inflight: int = field(default=0)
     backlog: Callable[[], int] | None = None  # requests queued or running in the HTTP server
+    # Groups whose members may change the namespace enforcement label (besides system:masters, kube-system).
+    exception_groups: tuple[str, ...] = (DEFAULT_GROUP,)
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -301,10 +305,15 @@ def create_app(
             return admission.response(req.uid, allowed=True), None
         if webhook == "validate" and obj.get("kind") == "ConfigMap":
             return _policy_configmap(req, obj), None
+        if webhook == "validate" and obj.get("kind") == "Namespace":
+            return _namespace_label(req, obj, webhook, policy.hash)
+        if webhook == "validate" and exceptions_mod.is_exception(obj):
+            return _exception_object(req, obj), None
         if obj.get("kind") == "Pod" and req.operation != "CREATE":
             return admission.response(req.uid, allowed=True), None  # pod specs are immutable after create
         ns = req.namespace or _meta(obj, "namespace")
         capacity = state.capacity()
+        now = time.time()
         ctx = ReviewContext(
             namespace_labels=snap.namespaces.get(ns),
             resolve=snap.resolve,
@@ -312,6 +321,8 @@ def create_app(
             namespace=ns,
             capacity=capacity,
             reservations=state.reservations.active(),
+            exceptions=state.exceptions_in(ns),
+            now=now,
         )
 
         def run() -> Review:
@@ -335,8 +346,12 @@ def create_app(
         except Exception as exc:  # the engine never raises; if it ever does, the policy's failure mode decides
             log.exception("review failed", extra={"uid": req.uid})
             return _failure(req, webhook, policy.failure_mode, policy.hash, f"internal error ({type(exc).__name__})")
+        if r.expired:
+            state.report_expired(now, r.expired)
+        for rule, ref in r.excepted:
+            m.inc("gpu_admission_exceptions_applied_total", (("exception", ref), ("rule", rule)))
         for res in r.results:
-            if res.outcome in ("deny", "warn", "audit", "error"):
+            if res.outcome in ("deny", "warn", "audit", "error", EXCEPTED):
                 m.inc("gpu_admission_rule_results_total", (("rule", res.rule), ("outcome", res.outcome)))
             if res.outcome == "error":
                 log.error("rule failed", extra={"uid": req.uid, "rule": res.rule, "detail": res.message})
@@ -389,6 +404,36 @@ def create_app(
             rules=[{"rule": "engine", "action": mode, "outcome": "error", "message": why}], policyHash=policy_hash
         )
         return out, rec
+
+    def _namespace_label(
+        req: admission.Request, obj: dict[str, Any], webhook: str, policy_hash: str
+    ) -> tuple[dict[str, Any], Any]:
+        """The enforcement label may change only by a trusted group's member (policies/protect.py)."""
+        denial = enforcement_change(obj, req.old_object, req.groups, cfg.exception_groups)
+        outcome = "deny" if denial else "pass"
+        m.inc("gpu_admission_rule_results_total", (("rule", "namespace-enforcement-label"), ("outcome", outcome)))
+        rec = _base_record(req, webhook)
+        rule = {"rule": "namespace-enforcement-label", "action": "enforce", "outcome": outcome, "message": denial or ""}
+        rec.update(rules=[rule], policyHash=policy_hash)
+        if denial:
+            log.warning("namespace label change refused", extra={"user": req.user, "namespace": req.name})
+            return admission.response(req.uid, allowed=False, message=denial, code=403), rec
+        return admission.response(req.uid, allowed=True), rec
+
+    def _exception_object(req: admission.Request, obj: dict[str, Any]) -> dict[str, Any]:
+        """What the CRD schema cannot check (it has no clock): `until` ahead, within MAX_DAYS. The schema
+        checked the rest; parse again anyway so a CRD installed without its schema still gets field paths."""
+        ns = req.namespace or _meta(obj, "namespace")
+        try:
+            e = exceptions_mod.parse(obj, namespace=ns)
+            errors = exceptions_mod.check_until(e, time.time())
+        except exceptions_mod.ExceptionError as exc:
+            errors = exc.errors
+        if not errors:
+            return admission.response(req.uid, allowed=True)
+        name = req.name or _meta(obj, "name")
+        message = f"{exceptions_mod.KIND} {ns}/{name} is invalid: {'; '.join(errors[:5])}"
+        return admission.response(req.uid, allowed=False, message=message, code=422)
 
     def _policy_configmap(req: admission.Request, obj: dict[str, Any]) -> dict[str, Any]:
         target = cfg.policy_configmap
@@ -465,11 +510,13 @@ def _meta(obj: dict[str, Any], key: str) -> str:
 def _audit_annotations(r: Review) -> dict[str, str]:
     """Keys without '/', at most 63 characters (the API server prefixes them with the webhook name)."""
     out = {"decision": r.verdict, "policy-hash": r.policy_hash}
-    flagged = [f"{x.rule}={x.outcome}" for x in r.results if x.outcome in ("deny", "warn", "audit", "error")]
+    flagged = [f"{x.rule}={x.outcome}" for x in r.results if x.outcome in ("deny", "warn", "audit", "error", EXCEPTED)]
     if flagged:
         out["rules"] = ",".join(flagged)
     if r.mutations:
         out["mutations"] = ",".join(r.mutations)
+    if r.exceptions:
+        out["exceptions"] = ",".join(r.exceptions)[:4096]
     return out
 
 
@@ -506,6 +553,8 @@ def _record(req: admission.Request, webhook: str, r: Review) -> dict[str, Any] |
         patch=list(r.patch),
         policyHash=r.policy_hash,
     )
+    if r.exceptions or r.expired:
+        rec.update(exceptions=list(r.exceptions), expiredExceptions=list(r.expired))
     return rec
 
 
@@ -532,6 +581,21 @@ def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) ->
         lambda: [((), float(state.snapshot().inventory.node_count))],
     )
     m.gauge("gpu_admission_inflight", "Reviews being decided now", lambda: [((), float(cfg.inflight))])
+
+    def exception_counts() -> list[tuple[tuple[tuple[str, str], ...], float]]:
+        expired = state.report_expired(time.time())  # also logs each newly expired one, once
+        snap = state.exceptions.snapshot()
+        return [
+            ((("state", "active"),), float(len(snap) - expired)),
+            ((("state", "expired"),), float(expired)),
+            ((("state", "invalid"),), float(len(snap.skipped))),
+        ]
+
+    m.gauge(
+        "gpu_admission_exceptions",
+        "GPUPolicyExceptions watched: active, expired (ignored; each logged once), invalid (left out)",
+        exception_counts,
+    )
     m.gauge(
         "gpu_admission_node_objects_clipped_total",
         "Node objects skipped, or fields of them dropped, at decode (reason: too-many-labels, label-too-long, "

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 import orjson
 import yaml
 
 from cluster.pods import PodView
+from policies import exceptions as exceptions_mod
 from policies import inventory as inventory_mod
 from policies.document import MAX_POLICY_BYTES, Policy, PolicyError, default_policy, parse_policy_text
 from policies.engine import Review, ReviewContext, review
@@ -104,6 +106,24 @@ def load_pods(paths: list[str] | None, extra: list[dict[str, Any]]) -> Capacity 
     return capacity_of(view.snapshot())
 
 
+def load_exceptions(objects: list[dict[str, Any]], now: float) -> dict[str, tuple[exceptions_mod.Exemption, ...]]:
+    """The GPUPolicyExceptions among the inputs, by namespace; a malformed one is an input error (exit 2), an
+    expired one is ignored with a warning, as the server does."""
+    parsed = []
+    for obj in objects:
+        if not exceptions_mod.is_exception(obj):
+            continue
+        try:
+            e = exceptions_mod.parse(obj)
+        except exceptions_mod.ExceptionError as exc:
+            _, ns, name = _key(obj)
+            raise UsageError(f"{exceptions_mod.KIND} {ns}/{name} is invalid: {exc}") from None
+        if e.expired(now):
+            print(f"gpu-admission: warning: exception {e.ref} expired {e.until_text}: ignored", file=sys.stderr)
+        parsed.append(e)
+    return exceptions_mod.index(parsed)
+
+
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
     meta = obj.get("metadata") or {}
     return str(obj.get("kind", "")), str(meta.get("namespace") or "default"), str(meta.get("name", ""))
@@ -146,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
     def resolve(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return index.get((kind, namespace or "default", name))
 
+    now = time.time()
+    exceptions = load_exceptions(objects, now)
+
     if inv.empty:
         print(
             "gpu-admission: warning: no GPU inventory (--nodes or policy pools): rack placement, sizes and MIG "
@@ -165,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
             namespace=ns,
             capacity=capacity,
             reservations=reservations.active(),
+            exceptions=exceptions.get(ns, ()),
+            now=now,
         )
         r = review(obj, policy=policy, inventory=inv, ctx=ctx, mutate=not args.no_mutate)
         if r.placement is not None and r.allowed:

@@ -63,6 +63,18 @@ def register(sub: Any) -> None:
                      "(default: the open-file limit minus 128)")  # fmt: skip
     p.add_argument("--shutdown-delay", type=float, default=0.0, metavar="SECONDS",
                    help="on SIGTERM, fail /readyz and keep serving this long before closing (default 0)")  # fmt: skip
+    p.add_argument("--exception-group", action="append", metavar="GROUP",
+                   help="group whose members may change the namespace label gpu-admission.io/enforcement, as they "
+                   "may grant GPUPolicyExceptions (repeatable; default gpu-admission:exception-approvers; "
+                   "system:masters and kube-system's service accounts always may)")  # fmt: skip
+    sc = p.add_argument_group("background scan (docs/deploy.md, Scan; off by default)")
+    sc.add_argument("--scan-interval", type=float, default=0.0, metavar="SECONDS",
+                    help="judge every workload of the cluster this often and after each policy change, as "
+                    "metrics (0: off, the default; at least 60)")  # fmt: skip
+    sc.add_argument("--scan-qps", type=float, default=2.0, metavar="X",
+                    help="list requests per second of a scan at most (default 2)")  # fmt: skip
+    sc.add_argument("--scan-page-size", type=int, default=100, metavar="N",
+                    help="objects per list request of a scan (default 100)")  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--fault-injection", default="", help=argparse.SUPPRESS)  # tests only: slow-rule:MS | raise-rule
     audit_mod.add_arguments(p)
@@ -238,10 +250,30 @@ def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
     )
 
 
+def background_scan(args: argparse.Namespace, client: Any, state: Any, metrics: Any) -> Any:
+    """The Scanner of --scan-interval (None: off), with its metrics registered."""
+    if not args.scan_interval:
+        return None
+    from webhook import scan as scan_mod
+    from webhook.scanner import Scanner
+
+    if client is None:
+        raise UsageError("--scan-interval needs a cluster (a kubeconfig, or in-cluster credentials)")
+    if not (0.1 <= args.scan_qps <= 1000 and 1 <= args.scan_page_size <= 10_000):
+        raise UsageError("--scan-qps must be 0.1-1000 and --scan-page-size 1-10000")
+    try:
+        scanner = Scanner(client, state, args.scan_interval, scan_mod.Limits(args.scan_page_size, args.scan_qps))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    scanner.register(metrics)
+    return scanner
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from certs.errors import CertError
+    from policies.protect import DEFAULT_GROUP
     from webhook import audit as audit_mod
     from webhook.app import ServerConfig, create_app, fast_path
     from webhook.guard import guarded_protocol
@@ -295,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
         state.watch_namespaces(client)
         state.watch_targets(client)
         state.watch_pods(client)
+        state.watch_exceptions(client)
     elif cm:
         raise UsageError("--policy-configmap needs a cluster (drop --no-kube)")
     audit = audit_mod.from_args(args)
@@ -305,9 +338,15 @@ def run(args: argparse.Namespace) -> int:
         max_bytes_inflight=args.max_bytes_inflight,
         policy_configmap=cm,
         cert_status=reloader.status,
+        exception_groups=tuple(args.exception_group or (DEFAULT_GROUP,)),
     )
     metrics = Metrics()
+    scanner = background_scan(args, client, state, metrics)
+    if scanner is not None:
+        cfg.extra_ready = lambda: (True, {"scan": scanner.details()})
     app = create_app(state, metrics=metrics, audit=audit, config=cfg)
+    if scanner is not None:
+        scanner.start()
     limits = connection_limits(args)
     metrics.describe("gpu_admission_connections_closed_total", "counter", "Connections closed by a limit, by reason")
     config = uvicorn.Config(

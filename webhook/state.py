@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.coalesce import Coalescer
+from cluster.namespaced import IndexSnapshot, NamespacedIndex
 from cluster.nodes import NodeTransform
 from cluster.pods import PodSnapshot, PodView
+from policies import exceptions as exceptions_mod
 from policies import inventory as inventory_mod
 from policies.document import MAX_POLICY_BYTES, Policy, PolicyError, default_policy, parse_policy_text
 from policies.inventory import Inventory
@@ -84,6 +86,11 @@ class State:
         self.pods_source = "none"
         self._capacity: Capacity | None = None
         self.reservations = Reservations()
+        # GPUPolicyExceptions by namespace (watch_exceptions); expired ones are logged once each.
+        self.exceptions = NamespacedIndex(exceptions_mod.parse)
+        self.exceptions_source = "none"
+        self._expired_reported: set[str] = set()
+        self.expired_reported = 0
 
     def snapshot(self) -> Snapshot:
         return self._snap
@@ -325,6 +332,34 @@ class State:
 
         self.set_resolver(resolve)
 
+    def watch_exceptions(self, client: Any) -> Any:
+        """Keep the GPUPolicyException index current (list + watch, all namespaces, read-only). Without the
+        CRD the reflector retries with back-off and the index stays empty (reported in /readyz)."""
+        from cluster.reflector import Reflector
+
+        path = f"/apis/{exceptions_mod.API_VERSION}/{exceptions_mod.PLURAL}"
+        refl = Reflector(client, path, name="exceptions", on_change=self.exceptions.apply)
+        self.exceptions_source = "watch:" + exceptions_mod.PLURAL
+        self._reflectors.append(refl.start())
+        return refl
+
+    def exceptions_in(self, namespace: str) -> tuple[exceptions_mod.Exemption, ...]:
+        return self.exceptions.snapshot().get(namespace)
+
+    def report_expired(self, now: float, refs: Iterable[str] = ()) -> int:
+        """Log each expired exception once (those a review ran into, and any found in the index); the number
+        of expired exceptions in the index now."""
+        snap: IndexSnapshot[exceptions_mod.Exemption] = self.exceptions.snapshot()
+        expired = {e.ref: e.until_text for es in snap.by_namespace.values() for e in es if e.expired(now)}
+        for ref in refs:
+            expired.setdefault(ref, "")
+        for ref, until in expired.items():
+            if ref not in self._expired_reported:
+                self._expired_reported.add(ref)
+                self.expired_reported += 1
+                log.warning("exception expired: ignored", extra={"exception": ref, "until": until})
+        return sum(1 for es in snap.by_namespace.values() for e in es if e.expired(now))
+
     def ready(self) -> tuple[bool, dict[str, Any]]:
         snap = self._snap
         inv = snap.inventory
@@ -346,6 +381,7 @@ class State:
             },
             "namespacesSynced": self.status.namespaces_synced,
             "podView": self._pod_view_details(),
+            "exceptions": self._exception_details(),
             **self.status.extra,
         }
         ok = (self.status.inventory_synced or self.status.inventory_source == "none") and self.status.namespaces_synced
@@ -362,6 +398,13 @@ class State:
         details["skipped"] = snap.skipped
         if not snap.synced:
             details["note"] = "pod view not synced yet: placement by allocatable only"
+        return details
+
+    def _exception_details(self) -> dict[str, Any]:
+        snap = self.exceptions.snapshot()
+        details: dict[str, Any] = {"source": self.exceptions_source, "synced": snap.synced, "count": len(snap)}
+        if snap.skipped:
+            details["skipped"] = dict(snap.skipped)
         return details
 
     def stop(self) -> None:

@@ -62,7 +62,9 @@ INLINE = {
     "pullPolicy": "{{ .Values.image.pullPolicy }}",
     "failurePolicy": "{{ .Values.failurePolicy }}",
     "excluded": '{{ concat .Values.excludedNamespaces (list "' + NAMESPACE + '") | uniq | toJson }}',
+    "approvers": "{{ .Values.exceptionApprovers | quote }}",
 }
+APPROVER_BINDING = "gpu-admission-exception-approver"
 
 
 def _block_resources(indent: str) -> str:
@@ -128,6 +130,12 @@ def mark(obj: Obj) -> Obj:
         if args.count("--audit-stdout") != 1:
             raise SystemExit("generate: the server's args no longer hold exactly one --audit-stdout")
         args[args.index("--audit-stdout")] = _sentinel("audit")
+        if args.count("--exception-group") != 1:
+            raise SystemExit("generate: the server's args no longer hold exactly one --exception-group")
+        args[args.index("--exception-group") + 1] = _sentinel("approvers")
+    if kind == "ClusterRoleBinding" and name == APPROVER_BINDING:
+        (subject,) = obj["subjects"]
+        subject["name"] = _sentinel("approvers")
     if kind == "ConfigMap" and name == "gpu-admission-policy":
         obj["data"]["policy.yaml"] = _sentinel("policy")
     if kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
@@ -256,6 +264,7 @@ def values_yaml(base: dict[tuple[str, str, str], Obj]) -> str:
         "replicas": deployment["spec"]["replicas"],
         "failurePolicy": failure,
         "excludedNamespaces": [n for n in excluded if n != NAMESPACE],
+        "exceptionApprovers": base[("ClusterRoleBinding", "", APPROVER_BINDING)]["subjects"][0]["name"],
         "certificates": {"mode": "self-managed"},
         "resources": server["resources"],
         "audit": {"stdout": True, "file": "", "maxBytes": "", "backups": None, "compress": False, "queue": None},
@@ -276,6 +285,7 @@ VALUE_COMMENTS = {
     "replicas": "Server replicas (1-10); the PDB keeps one available.",
     "failurePolicy": "Every webhook's failurePolicy: Fail (default, closed) or Ignore.",
     "excludedNamespaces": "Namespaces no webhook is called for; gpu-admission itself is always added.",
+    "exceptionApprovers": "The group that may grant GPUPolicyExceptions and change the enforcement label.",
     "certificates": "self-managed (the certs Job and CronJob) or cert-manager (installed first).",
     "resources": "The server container's requests and limits.",
     "audit": "The audit log: stdout, or a file under /tmp with rotation (maxBytes, backups, compress); queue size.",
@@ -292,6 +302,7 @@ SCHEMA: dict[str, Any] = {
         "replicas",
         "failurePolicy",
         "excludedNamespaces",
+        "exceptionApprovers",
         "certificates",
         "resources",
         "audit",
@@ -315,6 +326,7 @@ SCHEMA: dict[str, Any] = {
             "items": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"},
             "uniqueItems": True,
         },
+        "exceptionApprovers": {"type": "string", "minLength": 1, "maxLength": 253},
         "certificates": {
             "type": "object",
             "additionalProperties": False,

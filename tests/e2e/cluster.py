@@ -66,6 +66,9 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "garbage-collector-controller",
     "serviceaccount-controller",
     "serviceaccount-token-controller",
+    # Fills the built-in view/edit/admin roles from ClusterRoles labelled aggregate-to-*: without it a
+    # test of who may do what through those roles would prove nothing (deploy/base/exceptions-rbac.yaml).
+    "clusterrole-aggregation-controller",
 )
 
 SERVICE_CIDR = "10.0.0.0/24"
