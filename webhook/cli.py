@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # Modules that register sub-commands; each is imported lazily so `check` never pays for FastAPI.
 COMMAND_MODULES: tuple[str, ...] = (
     "webhook.cmd_check",
+    "webhook.cmd_scan",
     "webhook.cmd_policy",
     "webhook.cmd_estimate",
     "webhook.cmd_serve",
