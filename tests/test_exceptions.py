@@ -371,3 +371,13 @@ def test_check_refuses_a_malformed_exception_in_one_line(tmp_path: Path) -> None
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "GPUPolicyException ml/dpo-trial is invalid: spec.workloads.selector.matchExpressions[0].values" in r.stderr
+
+
+def test_the_example_exception_is_valid() -> None:
+    (obj,) = load_objects([str(ROOT / "examples" / "exceptions" / "dpo-elastic-trial.yaml")])
+    e = ex.parse(obj)
+    assert (e.ref, e.rules, e.names) == (
+        "ml-research/dpo-elastic-trial",
+        {"training-elastic-shrink"},
+        {"mistral-7b-dpo"},
+    )
