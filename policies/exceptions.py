@@ -237,7 +237,7 @@ def _until(raw: Any, errors: list[str]) -> tuple[float, str]:
         errors.append("spec.until: Required value: an RFC 3339 date-time")
         return 0.0, ""
     try:
-        t = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith(("Z", "z")) else raw)
+        t = datetime.fromisoformat(raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw)
     except ValueError:
         errors.append(f"spec.until: Invalid value: {raw!r}: must be an RFC 3339 date-time")
         return 0.0, raw

@@ -381,3 +381,153 @@ def test_the_example_exception_is_valid() -> None:
         {"training-elastic-shrink"},
         {"mistral-7b-dpo"},
     )
+
+
+MORE_HOSTILE = [
+    ({"workloads": {"names": "dpo"}}, "spec.workloads.names: Invalid value: must be a list of names"),
+    ({"workloads": {"names": ["a"] * 65}}, "spec.workloads.names: Too many: 65: must have at most 64 items"),
+    ({"workloads": {"names": ["a" * 254]}}, "spec.workloads.names[0]: Invalid value"),
+    ({"workloads": "dpo"}, "spec.workloads: Required value: names and/or selector"),
+    ({"workloads": {"selector": "team=a"}}, "spec.workloads.selector: Invalid value: must be a label selector"),
+    ({"workloads": {"selector": {"matchLabels": ["a"]}}}, "spec.workloads.selector.matchLabels: Invalid value"),
+    ({"workloads": {"selector": {"matchLabels": {f"k{i}": "v" for i in range(33)}}}},
+     "spec.workloads.selector.matchLabels: Too many: 33: must have at most 32 items"),
+    ({"workloads": {"selector": {"matchLabels": {"team": "x" * 64}}}}, "spec.workloads.selector.matchLabels[team]"),
+    ({"workloads": {"selector": {"matchLabels": {"a/" + "b" * 64: "x"}}}}, "must be a label key"),
+    ({"workloads": {"selector": {"matchExpressions": {"key": "a"}}}},
+     "spec.workloads.selector.matchExpressions: Invalid value: must be a list"),
+    ({"workloads": {"selector": {"matchExpressions": [{"key": "a", "operator": "Exists"}] * 17}}},
+     "spec.workloads.selector.matchExpressions: Too many: 17: must have at most 16 items"),
+    ({"workloads": {"selector": {"matchExpressions": ["a"]}}},
+     "spec.workloads.selector.matchExpressions[0]: Invalid value: must be a requirement"),
+    ({"workloads": {"selector": {"matchExpressions": [{"key": "bad key", "operator": "Exists"}]}}},
+     "spec.workloads.selector.matchExpressions[0].key: Invalid value: 'bad key': must be a label key"),
+    ({"workloads": {"selector": {"matchExpressions": [{"key": "a", "operator": "In", "values": "x"}]}}},
+     "spec.workloads.selector.matchExpressions[0].values: Invalid value: must be a list of at most 64 label values"),
+    ({"workloads": {"selector": {"matchExpressions": [{"key": "a", "operator": "In", "values": ["x"] * 65}]}}},
+     "must be a list of at most 64 label values"),
+    ({"workloads": {"selector": {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": []}]}}},
+     "spec.workloads.selector.matchExpressions[0].values: Required value: must be specified when operator is NotIn"),
+    ({"workloads": {"selector": {"matchExpressions": [{"key": "a", "operator": "DoesNotExist", "values": ["x"]}]}}},
+     "Forbidden: may not be specified when operator is DoesNotExist"),
+    ({"workloads": {"selector": {"matchExpressions": [{"key": "a", "operator": "In", "values": ["a b"]}]}}},
+     "spec.workloads.selector.matchExpressions[0].values[0]: Invalid value: 'a b': must be a label value"),
+    ({"rules": ["training-same-rack"] * 11}, "spec.rules: Too many: 11: must have at most 10 items"),
+    ({"rules": "training-same-rack"}, "spec.rules: Required value: name at least one rule id"),
+    ({"until": ""}, "spec.until: Required value: an RFC 3339 date-time"),
+    ({"until": 5}, "spec.until: Required value"),
+    ({"requester": " "}, "spec.requester: Required value"),
+    ({"approver": "x" * 254}, "spec.approver: Too long: may not be more than 253 characters"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("spec", "error"), MORE_HOSTILE, ids=[e for _, e in MORE_HOSTILE])
+def test_every_bound_and_shape_is_named(spec: dict[str, Any], error: str) -> None:
+    with pytest.raises(ex.ExceptionError) as info:
+        ex.parse(exception(**spec))
+    assert any(error in line for line in info.value.errors), info.value.errors
+    assert str(info.value) == "; ".join(info.value.errors)
+
+
+def test_no_name_and_no_spec_are_both_reported() -> None:
+    with pytest.raises(ex.ExceptionError) as info:
+        ex.parse({"metadata": {}})
+    assert info.value.errors == ["metadata.name: Required value", "spec: Required value"]
+
+
+@pytest.mark.parametrize(
+    ("until", "epoch"),
+    [("2026-12-24T00:00:00Z", 1798070400.0), ("2026-12-24T00:00:00z", 1798070400.0),
+     ("2026-12-24T02:00:00+02:00", 1798070400.0), ("2026-12-24T00:00:00.5Z", 1798070400.5)],
+)  # fmt: skip
+def test_until_in_any_rfc3339_form(until: str, epoch: float) -> None:
+    e = ex.parse(exception(until=until))
+    assert (e.until, e.until_text) == (epoch, until)
+
+
+def test_a_selector_matches_labels_and_expressions_together() -> None:
+    sel = ex.Selector((("team", "a"),), ({"key": "tier", "operator": "In", "values": ["gold"]},))
+    assert sel.matches({"team": "a", "tier": "gold"})
+    assert not sel.matches({"team": "a", "tier": "silver"})
+    assert not sel.matches({"team": "b", "tier": "gold"})
+    parsed = ex.parse(exception(workloads={"selector": {"matchLabels": {"b": "2", "a": "1"}}}))
+    assert parsed.selector == ex.Selector((("a", "1"), ("b", "2")), ())
+
+
+def test_workload_names_of_a_pod_and_of_a_workload() -> None:
+    pod = {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": "web-5d8f7-x2k4p",
+            "labels": {"pod-template-hash": "5d8f7", "training.kubeflow.org/job-name": "sft"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "web-5d8f7"}, "junk", {"kind": "Node"}],
+        },
+    }
+    assert ex.workload_names(pod) == {"web-5d8f7-x2k4p", "web-5d8f7", "web", "sft"}
+    deployment = {
+        "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "metadata": {"name": "web", "labels": {"job-name": "x"}},
+    }
+    assert ex.workload_names(deployment) == {"web"}  # a workload's labels name nothing
+    assert ex.workload_names({"kind": "Pod", "apiVersion": "v1", "metadata": None}) == frozenset()
+    other_hash = copy.deepcopy(pod)
+    other_hash["metadata"]["labels"]["pod-template-hash"] = "zzz"
+    assert "web" not in ex.workload_names(other_hash)
+
+
+def test_pod_labels_are_the_pods_or_the_templates() -> None:
+    assert ex.pod_labels({"kind": "Pod", "apiVersion": "v1", "metadata": {"labels": {"a": "1"}}}) == [{"a": "1"}]
+    dep = {"kind": "Deployment", "apiVersion": "apps/v1", "metadata": {"labels": {"x": "y"}},
+           "spec": {"template": {"metadata": {"labels": {"b": "2"}}}}}  # fmt: skip
+    assert ex.pod_labels(dep) == [{"b": "2"}]
+    bare = {"kind": "Deployment", "apiVersion": "apps/v1", "spec": {"template": {"metadata": {"labels": "x"}}}}
+    assert ex.pod_labels(bare) == [{}]
+
+
+def test_is_exception_needs_the_kind_and_the_group() -> None:
+    assert ex.is_exception(exception())
+    assert not ex.is_exception({**exception(), "apiVersion": "kyverno.io/v2"})
+    assert not ex.is_exception({**exception(), "kind": "PolicyException"})
+    assert not ex.is_exception([exception()])
+
+
+def test_covers_needs_rule_namespace_and_workload() -> None:
+    e = ex.parse(exception())
+    job = {**ELASTIC_JOB}
+    assert e.covers("training-elastic-shrink", job, "ml")
+    assert not e.covers("training-same-rack", job, "ml")
+    assert not e.covers("training-elastic-shrink", job, "vision")
+    assert not e.covers("training-elastic-shrink", {**job, "metadata": {"name": "other"}}, "ml")
+
+
+def test_the_index_sorts_each_namespace_by_name() -> None:
+    es = [ex.parse(exception(n, ns)) for n, ns in (("b", "ml"), ("a", "ml"), ("c", "cv"))]
+    idx = ex.index(es)
+    assert {k: [e.name for e in v] for k, v in idx.items()} == {"ml": ["a", "b"], "cv": ["c"]}
+
+
+def test_check_until_on_update_counts_from_creation() -> None:
+    now = time.time()
+    e = ex.parse(exception(until=stamp(timedelta(days=200))))
+    assert ex.check_until(e, now, created=now - 100 * 86400) == []
+    assert "at most 366 days" in ex.check_until(e, now, created=now - 200 * 86400)[0]
+    at_now = ex.parse(exception(until=stamp(timedelta(0))))
+    assert ex.check_until(at_now, at_now.until)[0].endswith("must be in the future")
+
+
+def test_enforcement_messages_are_exact() -> None:
+    msg = enforcement_change(ns("warn"), ns("off"), ["dev"], trusted=("b-team", "a-team"))
+    assert msg == (
+        "changing namespace label gpu-admission.io/enforcement ('off' to 'warn') needs membership of group "
+        "a-team or b-team (or system:masters). Fix: ask the platform team, or request a GPUPolicyException "
+        "for the workload and rule at stake"
+    )
+    bad = enforcement_change(ns("x"), None, ["a-team"], trusted=("a-team",))
+    assert bad == (
+        "metadata.labels[gpu-admission.io/enforcement]: Unsupported value: 'x': supported values: "
+        "enforce, warn, audit, off"
+    )
+    weird = {"metadata": {"labels": {"gpu-admission.io/enforcement": 5}}}
+    assert enforcement_change(weird, None, ["dev"]) is None  # not a string: not a label the API server keeps

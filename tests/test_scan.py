@@ -187,3 +187,87 @@ def test_the_scan_overlay_turns_the_scan_on_and_only_reads() -> None:
     for prefix, plural, _kind in KINDS:
         group = "" if prefix == "/api/v1" else prefix.removeprefix("/apis/").rsplit("/", 1)[0]
         assert (group, plural) in granted, (group, plural)
+
+
+def test_every_outcome_maps_to_its_report_result() -> None:
+    from policies.engine import Review, RuleResult
+
+    r = Review(
+        kind="Deployment",
+        workload="inference",
+        allowed=False,
+        denials=(),
+        warnings=(),
+        mutations=(),
+        patch=(),
+        object={},
+        results=(
+            RuleResult("a", "enforce", "deny", "a: bad\n  thing"),
+            RuleResult("b", "warn", "warn", "b: meh"),
+            RuleResult("c", "enforce", "excepted", "c: ok (excepted by ns/e until x)"),
+            RuleResult("d", "enforce", "error", "d: internal error"),
+            RuleResult("e", "enforce", "pass"),
+            RuleResult("f", "audit", "audit", "f: noted"),
+            RuleResult("g", "off", "skip"),
+        ),
+        policy_hash="h",
+        excepted=(("c", "ns/e"),),
+    )
+    obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "w", "namespace": "ns", "uid": "u-1"}}
+    got = scan.result_of(obj, r)
+    assert (got.api_version, got.kind, got.namespace, got.name, got.uid, got.workload) == (
+        "apps/v1", "Deployment", "ns", "w", "u-1", "inference",
+    )  # fmt: skip
+    assert got.findings == (
+        scan.Finding("a", "fail", "a: bad thing"),
+        scan.Finding("b", "warn", "b: meh"),
+        scan.Finding("c", "skip", "c: ok (excepted by ns/e until x)", "ns/e"),
+        scan.Finding("d", "error", "d: internal error"),
+    )
+    assert [f.result for f in got.findings] == ["fail", "warn", "skip", "error"]
+    assert got.findings[2].exception == "ns/e" and got.findings[0].exception == ""
+    assert got.verdict == "fail"
+    bare = scan.result_of({"metadata": {"name": "p"}}, r)
+    assert (bare.api_version, bare.kind, bare.namespace, bare.uid) == ("", "", "", "")
+
+
+@pytest.mark.parametrize(
+    ("results", "verdict"),
+    [((), "pass"), (("warn", "skip"), "warn"), (("skip",), "skip"), (("error", "warn"), "error"),
+     (("warn", "error", "fail"), "fail")],
+)  # fmt: skip
+def test_the_worst_finding_is_the_verdict(results: tuple[str, ...], verdict: str) -> None:
+    found = tuple(scan.Finding("r", x, "m") for x in results)
+    assert scan.ObjectResult("v1", "Pod", "ns", "p", "", None, found).verdict == verdict
+
+
+def test_unreadable_names_and_places() -> None:
+    got = scan.unreadable([1], "Pod", "item 7")
+    assert got == scan.Unreadable("Pod", "", "item 7", "not an object")
+    assert got.describe() == "Pod item 7: not an object"
+    no_name = scan.unreadable({"metadata": {"namespace": "ml"}}, "Job", "item 2")
+    assert no_name == scan.Unreadable("Job", "", "item 2", "no metadata.name")
+    assert scan.unreadable({"metadata": {"name": 5}}, "Job", "item 2") == scan.Unreadable(
+        "Job", "", "item 2", "no metadata.name"
+    )
+    value: Any = {}
+    for _ in range(101):
+        value = {"x": value}
+    deep = scan.unreadable({"metadata": {"name": "d", "namespace": 3}, "spec": value}, "Job", "item 0")
+    assert deep == scan.Unreadable("Job", "", "d", "nested deeper than 100 levels")
+    assert deep.describe() == "Job d: nested deeper than 100 levels"
+    assert scan.unreadable({"metadata": {"name": "ok"}, "spec": {"a": 1}}, "Job", "item 0") is None
+
+
+def test_only_handled_kinds_are_judged() -> None:
+    assert scan.judged({"kind": "Deployment", "apiVersion": "apps/v1"})
+    assert scan.judged({"kind": "HorizontalPodAutoscaler", "apiVersion": "autoscaling/v2"})
+    assert not scan.judged({"kind": "Service", "apiVersion": "v1"})
+
+
+def test_owner_must_be_the_controller_of_a_scanned_kind() -> None:
+    owners = [{"kind": "Deployment", "controller": False}, {"kind": "ReplicaSet", "controller": True}]
+    assert scan.owned_by_scanned({"metadata": {"ownerReferences": owners}}, ["ReplicaSet"])
+    assert not scan.owned_by_scanned({"metadata": {"ownerReferences": owners}}, ["Deployment"])
+    assert not scan.owned_by_scanned({"metadata": {"ownerReferences": ["junk"]}}, ["ReplicaSet"])
+    assert not scan.owned_by_scanned({"metadata": None}, ["ReplicaSet"])
