@@ -227,7 +227,8 @@ def _expression(e: Any, where: str, errors: list[str]) -> None:
 
 
 def _label_key(k: Any, where: str, errors: list[str], *, field: bool = False) -> None:
-    if not isinstance(k, str) or len(k) > 317 or not _LABEL_KEY.match(k) or len(k.rpartition("/")[2]) > 63:
+    prefix, _, name = k.rpartition("/") if isinstance(k, str) else ("", "", "")
+    if not isinstance(k, str) or len(prefix) > 253 or len(name) > 63 or not _LABEL_KEY.match(k):
         path = where if field else f"{where}[{k}]"
         errors.append(f"{path}: Invalid value: {k!r}: must be a label key")
 

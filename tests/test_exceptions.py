@@ -531,3 +531,79 @@ def test_enforcement_messages_are_exact() -> None:
     )
     weird = {"metadata": {"labels": {"gpu-admission.io/enforcement": 5}}}
     assert enforcement_change(weird, None, ["dev"]) is None  # not a string: not a label the API server keeps
+
+
+AT_THE_LIMIT = [
+    {"rules": list(RULE_IDS)},
+    {"workloads": {"names": [f"w{i}" for i in range(64)]}},
+    {"workloads": {"names": ["a" * 253]}},
+    {"workloads": {"selector": {"matchLabels": {f"k{i}": "v" for i in range(32)}}}},
+    {"workloads": {"selector": {"matchLabels": {"a" * 253 + "/" + "b" * 63: "c" * 63}}}},
+    {"workloads": {"selector": {"matchExpressions": [{"key": f"k{i}", "operator": "Exists"} for i in range(16)]}}},
+    {"workloads": {"selector": {"matchExpressions": [{"key": "k", "operator": "In",
+                                                      "values": [f"v{i}" for i in range(63)] + ["c" * 63]}]}}},
+    {"reason": "r" * 1024, "requester": "q" * 253, "approver": "p" * 253},
+]  # fmt: skip
+PAST_THE_LIMIT = [
+    ({"workloads": {"names": ["a" * 254]}}, "spec.workloads.names[0]"),
+    ({"workloads": {"selector": {"matchLabels": {"a" * 254 + "/b": "c"}}}}, "must be a label key"),
+    ({"workloads": {"selector": {"matchLabels": {"b" * 64: "c"}}}}, "must be a label key"),
+    ({"workloads": {"selector": {"matchLabels": {"k": "c" * 64}}}}, "must be a label value"),
+    ({"workloads": {"selector": {"matchExpressions": [{"key": "k", "operator": "In", "values": ["c" * 64]}]}}},
+     "values[0]: Invalid value"),
+    ({"reason": "r" * 1025}, "spec.reason: Too long: may not be more than 1024 characters"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", AT_THE_LIMIT, ids=range(len(AT_THE_LIMIT)))
+def test_every_limit_is_inclusive(spec: dict[str, Any]) -> None:
+    ex.parse(exception(**spec))
+
+
+@pytest.mark.parametrize(("spec", "error"), PAST_THE_LIMIT, ids=[e for _, e in PAST_THE_LIMIT])
+def test_one_past_a_limit_is_refused(spec: dict[str, Any], error: str) -> None:
+    with pytest.raises(ex.ExceptionError) as info:
+        ex.parse(exception(**spec))
+    assert any(error in line for line in info.value.errors), info.value.errors
+
+
+@pytest.mark.parametrize(
+    ("spec", "errors"),
+    [
+        ({"rules": "x"}, ["spec.rules: Required value: name at least one rule id"]),
+        ({"rules": ["x"]}, [f"spec.rules[0]: Unsupported value: 'x': supported values: {', '.join(RULE_IDS)}"]),
+        ({"workloads": None}, ["spec.workloads: Required value: names and/or selector"]),
+        ({"workloads": {"names": []}}, ["spec.workloads: Invalid value: must name workloads or give a selector"]),
+        ({"workloads": {"names": "x"}}, ["spec.workloads.names: Invalid value: must be a list of names",
+                                         "spec.workloads: Invalid value: must name workloads or give a selector"]),
+        ({"until": None}, ["spec.until: Required value: an RFC 3339 date-time"]),
+        ({"workloads": {"selector": {"matchExpressions": [{"key": "k", "operator": "Near"}]}}},
+         ["spec.workloads.selector.matchExpressions[0].operator: Unsupported value: 'Near': supported values: "
+          "In, NotIn, Exists, DoesNotExist"]),
+    ],
+)  # fmt: skip
+def test_messages_are_exact(spec: dict[str, Any], errors: list[str]) -> None:
+    with pytest.raises(ex.ExceptionError) as info:
+        ex.parse(exception(**spec))
+    assert info.value.errors == errors
+
+
+def test_parse_keeps_every_field_and_defaults_the_namespace() -> None:
+    obj = exception()
+    e = ex.parse(obj)
+    assert (e.reason, e.requester, e.approver, e.until_text) == ("trial, INC-1", "alice", "bob", obj["spec"]["until"])
+    del obj["metadata"]["namespace"]
+    assert ex.parse(obj).namespace == "default"
+    assert ex.parse(obj, namespace="ml").namespace == "ml"
+
+
+def test_until_at_exactly_the_longest_run_is_allowed() -> None:
+    e = ex.parse(exception(until="2027-12-02T00:00:00Z"))
+    start = e.until - ex.MAX_DAYS * 86400
+    assert ex.check_until(e, start, created=start) == []
+    assert ex.check_until(e, start, created=start - 1) != []
+
+
+def test_no_api_version_is_not_an_exception_and_empty_names_are_no_names() -> None:
+    assert not ex.is_exception({"kind": ex.KIND})
+    assert ex.workload_names({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": ""}}) == frozenset()
