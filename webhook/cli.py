@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "webhook.cmd_serve",
     "certs.cli",
     "webhook.cmd_audit",
+    "webhook.cmd_test",
 )
 
 
