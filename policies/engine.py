@@ -39,7 +39,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class RuleResult:
-    """Outcome of one rule or mutation: pass | deny | warn | audit | excepted | error | skip | applied."""
+    """Outcome of one rule or mutation: pass | deny | warn | audit | excepted | error | skip | native | applied."""
 
     rule: str
     action: str
@@ -205,6 +205,9 @@ def review(
         if (elastic and not rule.elasticity) or (only is not None and rule.id not in only):
             continue
         action = _cap(policy.rules.get(rule.id, "enforce"), mode)
+        if rule.id in ctx.native and not elastic:  # a ValidatingAdmissionPolicy judges it in the API server
+            results.append(RuleResult(rule.id, action, "native"))
+            continue
         if action == "off":
             results.append(_plain(rule.id, action, "skip"))
             continue

@@ -56,6 +56,9 @@ class ReviewContext:
     # seconds; None: expiry not judged, the caller passes only live ones). The engine reads no clock.
     exceptions: tuple[Exemption, ...] = ()
     now: float | None = None
+    # Rules the API server runs itself as ValidatingAdmissionPolicies (policies/native.py, `serve --native`):
+    # skipped here on the kinds those policies cover, so no check runs twice.
+    native: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -52,6 +52,8 @@ class ServerConfig:
     backlog: Callable[[], int] | None = None  # requests queued or running in the HTTP server
     # Groups whose members may change the namespace enforcement label (besides system:masters, kube-system).
     exception_groups: tuple[str, ...] = (DEFAULT_GROUP,)
+    # Rules ValidatingAdmissionPolicies judge in the API server (`serve --native`, policies/native.py).
+    native: frozenset[str] = frozenset()
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -323,6 +325,7 @@ def create_app(
             reservations=state.reservations.active(),
             exceptions=state.exceptions_in(ns),
             now=now,
+            native=cfg.native,
         )
 
         def run() -> Review:

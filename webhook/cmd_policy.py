@@ -7,7 +7,10 @@ import argparse
 import sys
 from typing import Any
 
-from policies.document import MAX_POLICY_BYTES, PolicyError, default_policy_text, parse_policy_text
+import yaml
+
+from policies import native
+from policies.document import MAX_POLICY_BYTES, PolicyError, default_policy, default_policy_text, parse_policy_text
 from policies.policydiff import describe_changes
 from webhook.cli import UsageError
 
@@ -24,6 +27,19 @@ def register(sub: Any) -> None:
     df.add_argument("old", metavar="OLD")
     df.add_argument("new", metavar="NEW")
     df.set_defaults(func=_diff)
+    n = psub.add_parser(
+        "native",
+        help="print ValidatingAdmissionPolicies (+ bindings) for the rules the API server can run itself",
+        description="Rules that need no node inventory, pod view or other object, as ValidatingAdmissionPolicies "
+        "and bindings from the policy's actions, enforcement modes and namespace label; serve --native then "
+        "skips them (docs/policy.md, 'Native policies').",
+    )
+    n.add_argument("file", metavar="FILE", nargs="?", help="policy YAML, or - for stdin (default: the built-in)")
+    n.add_argument("--exclude-namespace", action="append", metavar="NS",
+                   help="namespaces no binding matches (repeatable; default: kube-system, kube-node-lease, "
+                   "kube-public, gpu-admission)")  # fmt: skip
+    n.add_argument("--explain", action="store_true", help="say per rule and mutation what is generated and why not")
+    n.set_defaults(func=_native)
 
 
 def _read(path: str) -> str:
@@ -69,4 +85,20 @@ def _diff(args: argparse.Namespace) -> int:
         return 0
     for line in lines:
         print(line)
+    return 0
+
+
+def _native(args: argparse.Namespace) -> int:
+    try:
+        policy = parse_policy_text(_read(args.file)) if args.file else default_policy()
+    except PolicyError as exc:
+        raise UsageError(f"{args.file}: {exc}") from None
+    if args.explain:
+        for rule, what in native.report(policy):
+            print(f"{rule}: {what}")
+        return 0
+    excluded = tuple(args.exclude_namespace or native.DEFAULT_EXCLUDED)
+    objects = native.generate(policy, excluded)
+    header = f"# gpu-admission policy native ({policy.hash}): {len(objects)} objects; apply with kubectl apply -f -\n"
+    sys.stdout.write(header + yaml.safe_dump_all(objects, sort_keys=False, width=120))
     return 0

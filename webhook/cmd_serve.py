@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from policies import native
 from webhook.cli import UsageError
 from webhook.guard import ConnectionLimits
 from webhook.logs import setup_logging
@@ -45,6 +46,9 @@ def register(sub: Any) -> None:
         default=256,
         help="requests queued or in progress beyond which new ones get 429 at once (default 256)",
     )
+    p.add_argument("--native", action="store_true",
+                   help="skip the rules `gpu-admission policy native` generates: ValidatingAdmissionPolicies judge "
+                   "them in the API server (deploy/overlays/native)")  # fmt: skip
     p.add_argument("--max-body", type=int, default=8 * 2**20, help="largest request body in bytes (default 8 MiB)")
     lim = p.add_argument_group("connection limits (docs/deploy.md, Limits)")
     lim.add_argument("--max-bytes-inflight", type=int, default=32 * 2**20, metavar="BYTES",
@@ -339,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
         policy_configmap=cm,
         cert_status=reloader.status,
         exception_groups=tuple(args.exception_group or (DEFAULT_GROUP,)),
+        native=native.NATIVE_RULES if args.native else frozenset(),
     )
     metrics = Metrics()
     scanner = background_scan(args, client, state, metrics)

@@ -1,0 +1,170 @@
+"""Native policies (policies/native.py, `gpu-admission policy native`, deploy/overlays/native): which objects are
+generated from a policy, the namespace enforcement each binding stands for, the webhook's skip, the overlay.
+Whether the API server accepts them and judges like the webhook is tests/e2e/test_native_e2e.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from policies import native
+from policies.document import RULE_IDS, default_policy
+from policies.engine import ReviewContext, review
+from tests.test_golden import CASES, inventory_for, load_case, policy_for
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERLAY = ROOT / "deploy" / "overlays" / "native"
+
+
+def gpu_admission(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "webhook", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def bindings(objects: list[dict[str, Any]], rule: str) -> dict[str, list[dict[str, Any]]]:
+    """validationAction -> the binding's namespace label expressions, for one rule."""
+    out = {}
+    for o in objects:
+        if o["kind"] == "ValidatingAdmissionPolicyBinding" and o["spec"]["policyName"] == native.NAME_PREFIX + rule:
+            [action] = o["spec"]["validationActions"]
+            exprs = o["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+            out[action] = exprs
+    return out
+
+
+EXCLUDED = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": list(native.DEFAULT_EXCLUDED)}
+
+
+def label(op: str, *values: str) -> dict[str, Any]:
+    return {"key": "gpu-admission.io/enforcement", "operator": op, "values": list(values)}
+
+
+def test_default_policy_bindings_follow_each_namespace_mode() -> None:
+    objects = native.generate(default_policy())
+    # enforce rule: Deny where the namespace enforces (label enforce, none or invalid), Warn / Audit where capped.
+    assert bindings(objects, "training-elastic-shrink") == {
+        "Deny": [EXCLUDED, label("NotIn", "warn", "audit", "off")],
+        "Warn": [EXCLUDED, label("In", "warn")],
+        "Audit": [EXCLUDED, label("In", "audit")],
+    }
+    # warn rule: never Deny.
+    assert bindings(objects, "training-queue-priority") == {
+        "Warn": [EXCLUDED, label("NotIn", "audit", "off")],
+        "Audit": [EXCLUDED, label("In", "audit")],
+    }
+    vaps = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    assert {v["metadata"]["name"] for v in vaps} == {native.NAME_PREFIX + r for r in native.NATIVE_RULES}
+    assert {v["spec"]["failurePolicy"] for v in vaps} == {"Fail"}
+
+
+def test_policy_settings_shape_the_objects() -> None:
+    warn_default = native.generate(policy_for({"defaultEnforcement": "warn", "failureMode": "open"}))
+    assert bindings(warn_default, "training-elastic-shrink") == {
+        "Deny": [EXCLUDED, label("In", "enforce")],
+        "Warn": [EXCLUDED, label("NotIn", "enforce", "audit", "off")],
+        "Audit": [EXCLUDED, label("In", "audit")],
+    }
+    assert {o["spec"]["failurePolicy"] for o in warn_default if o["kind"] == "ValidatingAdmissionPolicy"} == {"Ignore"}
+    audit_default = native.generate(policy_for({"defaultEnforcement": "audit"}))
+    assert bindings(audit_default, "training-queue-priority") == {
+        "Warn": [EXCLUDED, label("In", "enforce", "warn")],
+        "Audit": [EXCLUDED, label("NotIn", "enforce", "warn", "off")],
+    }
+    off = native.generate(policy_for({"rules": {"training-queue-priority": "off"}}))
+    assert bindings(off, "training-queue-priority") == {}
+    assert native.NAME_PREFIX + "training-queue-priority" not in {o["metadata"]["name"] for o in off}
+    assert native.generate(policy_for({"defaultEnforcement": "off"})) != []  # namespaces labelled enforce still
+
+
+def test_excluded_namespaces_are_the_callers() -> None:
+    objects = native.generate(default_policy(), ("kube-system", "ops"))
+    for o in objects:
+        if o["kind"] == "ValidatingAdmissionPolicyBinding":
+            first = o["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
+            assert first == {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", "ops"],
+            }
+
+
+def test_every_rule_and_the_mutations_are_accounted_for() -> None:
+    rows = dict(native.report(default_policy()))
+    for rule in RULE_IDS:
+        assert rule in rows, f"{rule}: neither generated nor said why not"
+    assert "mutations" in rows
+    assert rows["training-queue-priority"] == "ValidatingAdmissionPolicy, warn"
+    assert rows["training-elastic-shrink"].startswith("ValidatingAdmissionPolicy, enforce (templates;")
+    off = dict(native.report(policy_for({"rules": {"training-elastic-shrink": "off"}})))
+    assert off["training-elastic-shrink"] == "not generated: off in the policy"
+
+
+# --- the webhook skips what the API server judges -------------------------------------------------------------
+
+
+def _case(name: str) -> dict[str, Any]:
+    return load_case(CASES / f"{name}.yaml")
+
+
+def test_the_engine_skips_native_rules_on_templates_only() -> None:
+    policy = policy_for(None)
+    inv = inventory_for("examples/cluster/nodes.yaml", policy)
+    elastic = _case("rules/training-elastic-shrink-elastic-policy")["input"]
+    full = review(elastic, policy=policy, inventory=inv)
+    assert [d.rule for d in full.denials] == ["training-elastic-shrink"]
+    skipped = review(elastic, policy=policy, inventory=inv, ctx=ReviewContext(native=native.NATIVE_RULES))
+    assert skipped.allowed and skipped.denials == ()
+    assert {r.rule: r.outcome for r in skipped.results}["training-elastic-shrink"] == "native"
+    assert skipped.patch == full.patch  # mutations are not native: unchanged
+
+    hpa_case = _case("elasticity/hpa-on-pytorchjob")
+    hpa = review(hpa_case["input"], policy=policy, inventory=inv, ctx=ReviewContext(native=native.NATIVE_RULES))
+    assert [d.rule for d in hpa.denials] == ["training-elastic-shrink"]  # the HPA half stays in the webhook
+
+
+# --- the command and the overlay ----------------------------------------------------------------------------
+
+
+def test_policy_native_prints_the_objects_and_explains(tmp_path: Path) -> None:
+    p = gpu_admission("policy", "native")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("# gpu-admission policy native (sha256:")
+    assert list(yaml.safe_load_all(p.stdout)) == native.generate(default_policy())
+    e = gpu_admission("policy", "native", "--explain")
+    assert e.returncode == 0 and "gpu-request-fits: webhook: needs the node inventory" in e.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: gpu-admission.io/v1alpha1\nkind: Policy\nrules: {training-same-rack: deny}\n")
+    b = gpu_admission("policy", "native", str(bad))
+    assert b.returncode == 2 and b.stdout == "" and len(b.stderr.splitlines()) == 1, b.stderr
+    assert "training-same-rack" in b.stderr and "Traceback" not in b.stderr
+
+
+def test_the_overlay_copy_is_current_for_the_default_policy() -> None:
+    shipped = [d for d in yaml.safe_load_all((OVERLAY / "native-policies.yaml").read_text()) if d]
+    assert shipped == native.generate(default_policy()), (
+        "regenerate: gpu-admission policy native deploy/base/policy.yaml > deploy/overlays/native/native-policies.yaml"
+    )
+
+
+def test_the_overlay_runs_the_webhook_with_native_beside_the_policies() -> None:
+    kubectl = subprocess.run(["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=120)
+    if kubectl.returncode != 0 and "not found" in kubectl.stderr:
+        pytest.fail(f"kubectl kustomize is needed: {kubectl.stderr}")
+    assert kubectl.returncode == 0, kubectl.stderr
+    docs = [d for d in yaml.safe_load_all(kubectl.stdout) if d]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "serve" and args.count("--native") == 1
+    kinds = [d["kind"] for d in docs]
+    assert kinds.count("ValidatingAdmissionPolicy") == len(native.NATIVE_RULES)
+    assert "MutatingWebhookConfiguration" in kinds and "ValidatingWebhookConfiguration" in kinds
+    for d in docs:
+        if d["kind"].startswith("ValidatingAdmissionPolicy"):
+            assert "namespace" not in d["metadata"], d["metadata"]  # cluster-scoped
