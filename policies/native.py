@@ -189,9 +189,12 @@ def _queue_priority() -> NativeRule:
     volcano = "(variables.kind == 'VolcanoJob' && object.?spec.?queue.orValue('') != '')"
     queued = f"({labels} || {annotations} || {volcano})"
     owned = "object.?metadata.?ownerReferences.orValue([]).exists(o, o.?controller.orValue(false) == true)"
+    fine = f"{queued} || t.?spec.?priorityClassName.orValue('') != ''"
+    # Cheapest first (the API server stops at the first true): every template queued or prioritised passes
+    # without classifying anything, as most workloads do.
     validation = (
-        f"(variables.kind == 'Pod' && {owned}) || "
-        f"variables.training.all(t, {queued} || t.?spec.?priorityClassName.orValue('') != '')"
+        f"variables.templates.all(t, {fine}) || (variables.kind == 'Pod' && {owned}) || "
+        f"variables.training.all(t, {fine})"
     )
     message = _q(
         "training-queue-priority: training has neither a queue label nor a priorityClassName. Fix: add "
@@ -228,7 +231,7 @@ def _elastic_shrink() -> NativeRule:
         f"variables.kind == 'VolcanoJob' && object.?spec.?minAvailable.hasValue() && type({ma}) == int && "
         f"{ma} < {total}"
     )
-    validation = f"size(variables.training) == 0 || !({elastic_policy} || {kueue} || {pet} || {volcano})"
+    validation = f"!({elastic_policy} || {kueue} || {pet} || {volcano}) || size(variables.training) == 0"
     signal = (
         f"{elastic_policy} ? 'elasticPolicy minReplicas ' + string({lo}) + ' < maxReplicas ' + string({hi}) : "
         f"{kueue} ? 'kueue.x-k8s.io/elastic-job is true' : "
@@ -287,7 +290,14 @@ def _topology_keys() -> NativeRule:
         f"Topology)' : '', {volcano} ? 'Volcano hard network topology without highestTierAllowed confines "
         f"nothing' : ''].filter(m, m != '')"
     )
-    validation = f"size(variables.gpu) == 0 || size({found}) == 0"
+    # Cheapest first: no key of these schedulers anywhere (most objects) passes without building the findings.
+    keys = _list([sk.KUEUE_PREFIX, "kai.scheduler/topology", sk.VOLCANO_MODE])
+    holders = "([object] + variables.templates)"
+    any_key = (
+        f"variables.kind == 'VolcanoJob' || {holders}.exists(h, h.?metadata.?annotations.orValue({{}}).exists(k, "
+        f"{keys}.exists(p, k.startsWith(p))))"
+    )
+    validation = f"!({any_key}) || size({found}) == 0 || size(variables.gpu) == 0"
     message = (
         f"'scheduler-topology-keys: ' + {found}[0] + (size({found}) > 1 ? ' (+' + string(size({found}) - 1) + "
         f"' more)' : '') + '. Fix: move each key to where its scheduler reads it (docs/policy.md)'"

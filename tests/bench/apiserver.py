@@ -8,7 +8,10 @@ GPU nodes, and in turn on that same API server:
            webhook in Go (loadgen -serve: allowed, no patch, HTTP/1.1 like ours) — what calling out costs;
 - webhook: our mutating and validating webhooks, registered from deploy/ exactly as operators install them
            (tests/e2e/webhook.py), served by a real `gpu-admission serve` process on loopback;
-- cel:     a subset of our validation rules as a ValidatingAdmissionPolicy + binding (tests/bench/cel.py).
+- cel:     a subset of our validation rules as a ValidatingAdmissionPolicy + binding (tests/bench/cel.py);
+- native:  deploy/overlays/native: our webhooks served by `gpu-admission serve --native`, beside the
+           ValidatingAdmissionPolicies `gpu-admission policy native` generates for the default policy (the
+           rules that need no inventory judged in the API server, the rest and every mutation in the webhook).
 
 The load generator creates the same GPU pods in every configuration (corpus.apiserver_pods, unique names) with
 1, 20 and 100 concurrent clients (closed loop, one keep-alive connection each, HTTP/1.1), authenticated with
@@ -35,13 +38,16 @@ from typing import Any
 import orjson
 import yaml
 
+from policies import native
+from policies.document import default_policy
 from tests.bench import cel, common, corpus, driver, variants
 from tests.e2e.cluster import DEFAULT_NODES_FILE, ControlPlane, build_binaries
 
 # "webhook" is deploy/ as shipped (one call per Pod: pods.admit); "webhook-2" adds deploy/overlays/validate-pods
 # (a second, validating call per Pod: the design before one-call). "noop"/"noop-2": the same configurations
 # pointed at the no-op Go webhook, the floor of calling out at all.
-CONFIGS = ("none", "noop", "webhook", "cel", "noop-2", "webhook-2")
+CONFIGS = ("none", "noop", "webhook", "cel", "noop-2", "webhook-2", "native")
+NATIVE_SERVER = "gpu-admission serve --native"
 PLACEMENTS = ("isolated", "shared")
 NOOP_SUFFIX = ".noop-bench.example.com"
 # (key, concurrent clients, open-loop rate or None for closed loop). The closed loops are the spec's; the
@@ -109,6 +115,24 @@ def _probe_mutated(cp: ControlPlane) -> bool:
     return r.returncode == 0 and "podAffinity" in r.stdout
 
 
+# A training pod only training-elastic-shrink denies (PET_NNODES lets it shrink): who denies it tells whether the
+# native policies are in effect.
+ELASTIC_POD: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "native-probe", "namespace": "default", "labels": {"gpu-admission.io/workload": "training",
+                 "kueue.x-k8s.io/queue-name": "q"}},
+    "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "PET_NNODES", "value": "1:4"}],
+                             "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+}  # fmt: skip
+NATIVE_DENIAL = "ValidatingAdmissionPolicy 'gpu-admission-training-elastic-shrink'"
+
+
+def _probe_native(cp: ControlPlane) -> bool:
+    r = cp.kubectl("create", "--dry-run=server", "-f", "-", input=ELASTIC_POD, check=False)
+    return r.returncode != 0 and NATIVE_DENIAL in r.stderr
+
+
 def _probe_denied(cp: ControlPlane) -> str:
     """The denial of a pod all our rules reject (dry run), or '' when it would be created."""
     r = cp.kubectl("create", "--dry-run=server", "-f", "-", input=cel.violating_pod("default"), check=False)
@@ -133,6 +157,10 @@ class Configs:
             (tls / "ca.crt").read_bytes(),
         )
         self.noop_configs = _noop_configs(self.webhook.configs, port)
+        self.native_server = _native_server(cp, self.webhook, variant)
+        self.native_objects = _moved(self.webhook.configs, self.webhook.port, self.native_server.port) + [
+            o for o in native.generate(default_policy())
+        ]
         self.noop2_configs = _noop_configs(self.webhook2_configs, port)
         self.current = "webhook"
         self.set("none")
@@ -156,6 +184,7 @@ class Configs:
             "cel": cel.objects(),
             "noop-2": self.noop2_configs,
             "webhook-2": self.webhook2_configs,
+            "native": self.native_objects,
         }
         for other, objs in wanted.items():
             if other != name:
@@ -170,13 +199,15 @@ class Configs:
             mutated = _probe_mutated(cp)
             noop = self._noop_active()
             two = self._pod_validate_calls() > validated  # an allowed GPU pod reached a validating pods webhook
+            vap = _probe_native(cp)
             ok = {
-                "none": not denial and not mutated and not noop and not two,
-                "noop": noop and not denial and not mutated and not two,
-                "webhook": mutated and "gpu-admission.io" in denial and not noop and not two,
-                "cel": "ValidatingAdmissionPolicy" in denial and not mutated and not noop and not two,
-                "noop-2": noop and not denial and not mutated and two,
-                "webhook-2": mutated and "gpu-admission.io" in denial and not noop and two,
+                "none": not denial and not mutated and not noop and not two and not vap,
+                "noop": noop and not denial and not mutated and not two and not vap,
+                "webhook": mutated and "gpu-admission.io" in denial and not noop and not two and not vap,
+                "cel": "ValidatingAdmissionPolicy" in denial and not mutated and not noop and not two and not vap,
+                "noop-2": noop and not denial and not mutated and two and not vap,
+                "webhook-2": mutated and "gpu-admission.io" in denial and not noop and two and not vap,
+                "native": mutated and "gpu-admission.io" in denial and not noop and not two and vap,
             }[name]
             if ok:
                 break
@@ -189,6 +220,12 @@ class Configs:
     def close(self) -> None:
         self.noop.terminate()
         self.noop.wait(10)
+        for obj in self.native_objects:
+            if obj["kind"].startswith("ValidatingAdmissionPolicy"):
+                self.cp.kubectl(
+                    "delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found", check=False
+                )
+        self.native_server.stop()
         for cfg in self.noop2_configs:
             self.cp.kubectl("delete", cfg["kind"].lower(), cfg["metadata"]["name"], "--ignore-not-found", check=False)
         self.webhook.close()
@@ -206,6 +243,28 @@ def _noop_configs(configs: list[dict[str, Any]], port: int) -> list[dict[str, An
             wh["clientConfig"]["url"] = f"https://127.0.0.1:{port}/" + url.split("/", 3)[3]
         out.append(cfg)
     return out
+
+
+def _moved(configs: list[dict[str, Any]], port: int, to: int) -> list[dict[str, Any]]:
+    """The same webhook configurations (names included: one replaces the other) served on another port."""
+    out = copy.deepcopy(configs)
+    for cfg in out:
+        for wh in cfg["webhooks"]:
+            wh["clientConfig"]["url"] = wh["clientConfig"]["url"].replace(f":{port}/", f":{to}/")
+    return out
+
+
+def _native_server(cp: ControlPlane, webhook: Any, variant: str) -> Any:
+    """A second `gpu-admission serve`, started with --native, on the same policy ConfigMap and certificates."""
+    from tests.e2e.webhook import NAMESPACE, POLICY_CONFIGMAP
+    from tests.serverproc import ServerProcess
+
+    server = ServerProcess(
+        "--policy-configmap", f"{NAMESPACE}/{POLICY_CONFIGMAP}", "--native",
+        tls_dir=webhook.tls, nodes=None, kubeconfig=str(cp.kubeconfig), env=variants.env_for(variant),
+    )  # fmt: skip
+    server.wait_ready(timeout=30, path="/readyz")
+    return server
 
 
 def _start_webhook(cls: Any, cp: ControlPlane, variant: str, extra: tuple[str, ...]) -> Any:
@@ -295,7 +354,7 @@ def place(cp: ControlPlane, configs: Configs, placement: str) -> str | None:
     everything = f"0-{(os.cpu_count() or 1) - 1}"
     control = [c.proc.pid for c in getattr(cp, "_components", []) if c.proc is not None]
     server = configs.webhook.server
-    webhooks = [configs.noop.pid] + ([server.proc.pid] if server is not None else [])
+    webhooks = [configs.noop.pid, configs.native_server.proc.pid] + ([server.proc.pid] if server is not None else [])
     if placement == "isolated":
         for pid in control:
             _taskset(pid, "0")
@@ -355,6 +414,7 @@ def _pids(cp: ControlPlane, configs: Configs) -> dict[str, int]:
     if configs.webhook.server is not None:
         out["gpu-admission serve"] = configs.webhook.server.proc.pid
     out["no-op webhook"] = configs.noop.pid
+    out[NATIVE_SERVER] = configs.native_server.proc.pid
     return out
 
 
@@ -457,7 +517,15 @@ def start(*apiserver_args: str) -> tuple[ControlPlane, Path, list[Path]]:
     return cp, tmp, bodies
 
 
-def run(quick: bool = False, variant: str = "baseline", placement: str = "both") -> dict[str, Any]:
+def run(
+    quick: bool = False,
+    variant: str = "baseline",
+    placement: str = "both",
+    only: tuple[str, ...] = CONFIGS,
+    only_loads: tuple[str, ...] = CONCURRENCY,
+) -> dict[str, Any]:
+    """`only`: the configurations to measure (none and webhook always); `only_loads`: the LOADS keys."""
+    chosen = tuple(c for c in CONFIGS if c in ("none", "webhook") or c in only)
     reps = 1 if quick else 3
     counts = (
         {"1": 20, "20": 100, "100": 200, "20@100/s": 50}
@@ -475,7 +543,7 @@ def run(quick: bool = False, variant: str = "baseline", placement: str = "both")
             f"apiserver ({variant}): kube-apiserver {version}, control plane + webhook ready in "
             f"{time.monotonic() - t0:.1f}s; {reps} rep(s), pods per run {counts}"
         )
-        loads = QUICK_LOADS if quick else CONCURRENCY
+        loads = tuple(k for k in (QUICK_LOADS if quick else CONCURRENCY) if k in only_loads)
         if placement != "both":
             placements = [placement]
         else:
@@ -483,12 +551,12 @@ def run(quick: bool = False, variant: str = "baseline", placement: str = "both")
             if not quick or not placements:
                 placements.append("shared")
         runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
-            p: {c: {k: [] for k in loads} for c in CONFIGS} for p in placements
+            p: {c: {k: [] for k in loads} for c in chosen} for p in placements
         }
         for where in placements:
             cpus = place(cp, configs, where)
             for rep in range(reps):
-                order = CONFIGS[rep % len(CONFIGS) :] + CONFIGS[: rep % len(CONFIGS)]  # rotate: no order bias
+                order = chosen[rep % len(chosen) :] + chosen[: rep % len(chosen)]  # rotate: no order bias
                 for key, clients, rate in LOADS:
                     if key not in loads:
                         continue
@@ -550,6 +618,8 @@ def run(quick: bool = False, variant: str = "baseline", placement: str = "both")
             "webhook": "gpu-admission webhooks from deploy/ (Pods: one call, pods.admit), serve on loopback",
             "noop-2": "reference: noop with deploy/overlays/validate-pods (two calls per Pod)",
             "webhook-2": "gpu-admission with deploy/overlays/validate-pods (two calls per Pod: admit + validate)",
+            "native": "deploy/overlays/native: serve --native beside the generated ValidatingAdmissionPolicies "
+            "(training-queue-priority, scheduler-topology-keys, training-elastic-shrink)",
             "cel": "ValidatingAdmissionPolicy + binding: "
             + "; ".join(v["message"].split(":")[0] for v in cel.VALIDATIONS),
         },
@@ -591,7 +661,7 @@ def summarize(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any
                 "runs": rs,
             }
     comparisons: dict[str, dict[str, Any]] = {}
-    for config in CONFIGS[1:]:
+    for config in [c for c in CONFIGS[1:] if c in table]:
         for clients in table["none"]:
             base, this = table["none"][str(clients)], table[config][str(clients)]
             comparisons.setdefault(config, {})[str(clients)] = {
@@ -660,12 +730,14 @@ def report_placement(result: dict[str, Any]) -> None:
     ]
     rows = []
     for clients in result["results"]["none"]:
-        for config in CONFIGS:
+        for config in [c for c in CONFIGS if c in result["results"]]:
             r = result["results"][config][str(clients)]
             cmp = result["vs_baseline"].get(config, {}).get(str(clients), {})
             cpu = r.get("cpu_ms_per_pod", {})
             ours = config.startswith("webhook")
             hook = cpu.get("gpu-admission serve") if ours else cpu.get("no-op webhook")
+            if config == "native":
+                hook = cpu.get(NATIVE_SERVER)
             rows.append(
                 [
                     clients,
@@ -680,7 +752,7 @@ def report_placement(result: dict[str, Any]) -> None:
                     _calls(r["admission_mean_ms"], "pods."),
                     _calls(r["webhook_server_side_p50_ms"]),
                     cpu.get("kube-apiserver", "–"),
-                    hook if config.startswith(("webhook", "noop")) and hook is not None else "–",
+                    hook if config.startswith(("webhook", "noop", "native")) and hook is not None else "–",
                     r["errors"],
                 ]
             )

@@ -33,6 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("both", "shared", "isolated"),
         help="apiserver: where the webhook runs (shared cores, its own core, or both; default both)",
     )
+    ap.add_argument("--configs", default="", help="apiserver: configurations to measure, comma-separated "
+                    "(none and webhook always run; default all)")  # fmt: skip
+    ap.add_argument("--loads", default="", help="apiserver: loads to measure, comma-separated LOADS keys "
+                    "(e.g. 20,20@100/s; default all)")  # fmt: skip
     ns = ap.parse_args(argv)
     parts = PARTS if ns.part == "all" else (ns.part,)
     from tests.bench import variants
@@ -85,7 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif part == "apiserver":
             from tests.bench import apiserver
 
-            result = apiserver.run(quick=ns.quick, variant=ns.variant, placement=ns.placement)
+            result = apiserver.run(
+                quick=ns.quick,
+                variant=ns.variant,
+                placement=ns.placement,
+                only=tuple(ns.configs.split(",")) if ns.configs else apiserver.CONFIGS,
+                only_loads=tuple(ns.loads.split(",")) if ns.loads else apiserver.CONCURRENCY,
+            )
             path = common.write_json("apiserver" + suffix, result)
         elif part == "placement":
             from tests.bench import placement
