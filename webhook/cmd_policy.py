@@ -9,7 +9,6 @@ from typing import Any
 
 import yaml
 
-from policies import native
 from policies.document import MAX_POLICY_BYTES, PolicyError, default_policy, default_policy_text, parse_policy_text
 from policies.policydiff import describe_changes
 from webhook.cli import UsageError
@@ -89,6 +88,8 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _native(args: argparse.Namespace) -> int:
+    from policies import native  # lazily: it pulls in the whole engine
+
     try:
         policy = parse_policy_text(_read(args.file)) if args.file else default_policy()
     except PolicyError as exc:

@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from policies import native
 from webhook.cli import UsageError
 from webhook.guard import ConnectionLimits
 from webhook.logs import setup_logging
@@ -343,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
         policy_configmap=cm,
         cert_status=reloader.status,
         exception_groups=tuple(args.exception_group or (DEFAULT_GROUP,)),
-        native=native.NATIVE_RULES if args.native else frozenset(),
+        native=_native_rules() if args.native else frozenset(),
     )
     metrics = Metrics()
     scanner = background_scan(args, client, state, metrics)
@@ -419,3 +418,9 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _native_rules() -> frozenset[str]:
+    from policies import native  # lazily, like every import here: `gpu-admission --help` stays fast
+
+    return native.NATIVE_RULES
