@@ -13,9 +13,9 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-from datetime import datetime
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
