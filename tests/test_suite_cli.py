@@ -187,6 +187,13 @@ HOSTILE: list[tuple[str, str | bytes, str]] = [
         "description: x\ninput: {}\nexpect: {allowed: true, denials: a}\n",
         "expect.denials: must be a list of strings",
     ),
+    (
+        "bad-exception.yaml",
+        "description: x\nexceptions: [{apiVersion: gpu-admission.io/v1alpha1, kind: GPUPolicyException, metadata: "
+        "{name: e}, spec: {rules: [nope]}}]\ninput: {}\nexpect: {allowed: true}\n",
+        "exceptions: spec.rules[0]: Unsupported value: 'nope'",
+    ),
+    ("bad-now.yaml", "description: x\nnow: yesterday\ninput: {}\nexpect: {allowed: true}\n", "now: must be a time"),
     ("no-description.yaml", "input: {}\nexpect: {allowed: true}\n", "description: required"),
     (
         "missing-nodes.yaml",
