@@ -6,8 +6,12 @@ from typing import Any
 
 from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json
 
-TRAINING_KINDS = frozenset({*KUBEFLOW_REPLICA_SPECS, "JobSet", "VolcanoJob", "RayJob"})
-INFERENCE_KINDS = frozenset({"Deployment", "StatefulSet", "ReplicaSet", "LeaderWorkerSet"})
+TRAINING_KINDS = frozenset({*KUBEFLOW_REPLICA_SPECS, "JobSet", "VolcanoJob", "RayJob", "TrainJob"})
+# RayService and KServe serve requests: online inference (docs/policy.md, "Workload kinds").
+INFERENCE_KINDS = frozenset(
+    {"Deployment", "StatefulSet", "ReplicaSet", "LeaderWorkerSet"}
+    | {"RayService", "InferenceService", "LLMInferenceService"}
+)
 BATCH_KINDS = frozenset({"CronJob", "RayCluster"})
 
 # Bare-pod evidence (gpu-resources.md §6): labels set by each controller on the pods it creates.
@@ -17,6 +21,7 @@ _TRAINING_POD_LABELS = (
     "volcano.sh/job-name",
     "batch.kubernetes.io/job-completion-index",  # an indexed Job: distributed training
 )
+_RAY_ORIGIN_CLASS = {"RayService": "inference", "RayJob": "training"}
 _OWNER_CLASS = {
     "ReplicaSet": "inference",
     "StatefulSet": "inference",
@@ -26,6 +31,10 @@ _OWNER_CLASS = {
     "RayCluster": "batch",
     "JobSet": "training",
     "RayJob": "training",
+    "RayService": "inference",
+    "InferenceService": "inference",
+    "LLMInferenceService": "inference",
+    "TrainJob": "training",
     **{kind: "training" for kind in KUBEFLOW_REPLICA_SPECS},
 }
 
@@ -52,8 +61,12 @@ def by_pod(pod: Json) -> str | None:
     labels = labels if isinstance(labels, dict) else {}
     if any(key in labels for key in _TRAINING_POD_LABELS):
         return "training"
-    if "leaderworkerset.sigs.k8s.io/name" in labels:
+    if "leaderworkerset.sigs.k8s.io/name" in labels or "serving.kserve.io/inferenceservice" in labels:
         return "inference"
+    # KubeRay names the kind a RayCluster was made for on its pods (ray.io/originated-from-crd).
+    origin = _RAY_ORIGIN_CLASS.get(str(labels.get("ray.io/originated-from-crd")))
+    if origin:
+        return origin
     if "batch.kubernetes.io/job-name" in labels or "job-name" in labels or "ray.io/cluster" in labels:
         return "batch"
     owners = meta.get("ownerReferences")

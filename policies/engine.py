@@ -150,7 +150,7 @@ def review(
     if kind not in TEMPLATE_KINDS and kind not in ELASTICITY_KINDS:
         return _untouched(obj, kind, policy, handled=False)
 
-    if kind not in ELASTICITY_KINDS and not _mentions_gpu(obj):
+    if kind not in ELASTICITY_KINDS and not _mentions_gpu(obj, ctx):
         return _untouched(obj, kind, policy)  # the cheap path for the many pods that ask for no GPU
 
     mode, mode_warning = userkeys.namespace_mode(ctx.namespace_labels, policy.default_enforcement)
@@ -184,7 +184,8 @@ def review(
             try:
                 changed = False
                 for pod in subject.pods:
-                    changed |= m.fn(subject, pod)
+                    if not pod.template.readonly:
+                        changed |= m.fn(subject, pod)
             except Exception as exc:  # a bug in one mutation must not crash admission
                 outcome = _internal_error(m.id, exc, policy, denials, warnings)
                 results.append(RuleResult(m.id, "mutate", "error", outcome))
@@ -245,6 +246,10 @@ def review(
     warnings.extend(short(n) for n in subject.notes)
     if inventory.warnings and any(r.outcome in ("deny", "warn") and "rack" in r.rule for r in results):
         warnings.append(short(inventory.warnings[0]))
+    if applied:
+        for pod in subject.pods:
+            if pod.template.fold is not None:
+                pod.template.fold(pod.template.pod)  # views (policies/podviews.py) write back into the object
     # Mutations report every change, so with none applied there is nothing to diff (the common case for
     # pods of an already-mutated template).
     patch = tuple(diff(obj, work)) if mutate and applied and work is not obj else ()
@@ -298,10 +303,10 @@ def _pinned(s: Subject) -> Placement | None:
     return Placement(job, d.key, d.domain, s.job.sizes)
 
 
-def _mentions_gpu(obj: Json) -> bool:
+def _mentions_gpu(obj: Json, ctx: ReviewContext) -> bool:
     """Any nvidia.com/ resource in any container, or any gpu-admission.io/ key on the object or a pod
     template: a superset of what the engine acts on, read without copying or classifying anything."""
-    pods = [t.pod for t in templates(obj)]
+    pods = [t.pod for t in templates(obj, ctx.resolve)]
     for pod in pods:
         for c in containers(pod):
             res = c.get("resources")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies import comm, placement, userkeys
+from policies import comm, placement, podviews, userkeys
 from policies.inventory import NodeSet, Offer
 from policies.patch import clone
 from policies.resources import GPU
@@ -27,7 +27,7 @@ from policies.subject import (
     meta_map,
 )
 from policies.topology import HOSTNAME, NVLINK_KEYS, ZONE
-from policies.workloads import Json, containers
+from policies.workloads import Json, containers, ray_service_selector
 
 MutationFn = Callable[[Subject, Pod], bool]
 
@@ -120,7 +120,7 @@ def gpu_slice(s: Subject, p: Pod) -> bool:
     a single-strategy or time-sliced node's `nvidia.com/gpu`, or a whole card), with node affinity to the
     nodes that have it."""
     ask = p.keys.gpu_memory
-    if ask is None or s.inventory.empty:
+    if ask is None or s.inventory.empty or not settable(p, "containers"):
         return False
     online = p.workload == "inference" and p.latency == "online"
     best = choose_slice(p.candidates(s.inventory), ask, allow_shared=not online)
@@ -145,6 +145,12 @@ def gpu_slice(s: Subject, p: Pod) -> bool:
         return False
     added = add_node_expressions(p.pod, [_select_nodes(nodes)])
     return added or offer.resource != GPU
+
+
+def settable(p: Pod, key: str) -> bool:
+    """Whether a mutation can set this pod-spec field: a TrainJob reaches its runtime's pods only through
+    runtimePatches, which carry scheduling fields alone (podviews.PATCHABLE_SPEC)."""
+    return p.template.path != podviews.RUNTIME_PATH or key in podviews.PATCHABLE_SPEC
 
 
 def choose_slice(nodes: NodeSet, ask: int, allow_shared: bool) -> tuple[Offer, NodeSet] | None:
@@ -473,8 +479,9 @@ def inference_spread(s: Subject, p: Pod) -> bool:
     if not selector:
         return False
     when = s.policy.spread_when_unsatisfiable
-    if s.kind == "LeaderWorkerSet" and p.template.role == "worker":
-        if any(q.template.role == "leader" for q in s.pods):
+    if group_of(s, p) is not None and p.template.role.endswith("worker"):
+        leader = p.template.role.removesuffix("worker") + "leader"
+        if any(q.template.role == leader for q in s.pods):
             return False  # only leaders are counted: the leader template carries the spread
         when = "ScheduleAnyway"  # one template for all: workers must follow their leader, never be held back
     keys = [HOSTNAME] + ([ZONE] if s.policy.spread_zones and s.inventory.zones else [])
@@ -505,30 +512,40 @@ LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"  # "0" on the lead
 LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 
 
-def _lws_size(s: Subject) -> int:
-    spec = s.obj.get("spec")
-    lwt = spec.get("leaderWorkerTemplate") if isinstance(spec, dict) else None
-    size = lwt.get("size", 1) if isinstance(lwt, dict) else 1
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
+def _positive(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
-def _lws_group_gpus(s: Subject) -> int:
-    """Whole GPUs of one group: every template's pods per group times its GPUs per pod."""
-    spec = s.obj.get("spec")
-    groups = spec.get("replicas", 1) if isinstance(spec, dict) else 1
-    groups = groups if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0 else 1
-    return sum(q.ask.whole_gpus * q.template.replicas // groups for q in s.pods)
+def group_of(s: Subject, p: Pod) -> podviews.Group | None:
+    """The LeaderWorkerSet group this pod belongs to: a LeaderWorkerSet's own, or the one KServe makes for a
+    multi-node LLMInferenceService workload (None: not a group member, or a group whose name is unknown)."""
+    if s.kind == "LeaderWorkerSet" and s.name:
+        spec = s.obj.get("spec")
+        lwt = spec.get("leaderWorkerTemplate") if isinstance(spec, dict) else None
+        size = _positive(lwt.get("size", 1) if isinstance(lwt, dict) else 1)
+        return podviews.Group(s.name, size, _positive(spec.get("replicas", 1) if isinstance(spec, dict) else 1))
+    if s.kind == "LLMInferenceService":
+        return podviews.llm_group(s.obj, p.template.role)
+    return None
+
+
+def _group_gpus(s: Subject, p: Pod, group: podviews.Group) -> int:
+    """Whole GPUs of one group: every template of the group, its pods per group times its GPUs per pod."""
+    prefix = "prefill-" if p.template.role.startswith("prefill-") else ""
+    members = [q for q in s.pods if q.template.role.startswith(prefix) and group_of(s, q) == group]
+    return sum(q.ask.whole_gpus * q.template.replicas // group.groups for q in members)
 
 
 def inference_group(s: Subject, p: Pod) -> bool:
     """inference-group: the pods of one multi-node LeaderWorkerSet group (one model replica) get required
     podAffinity to each other (matchLabelKeys on the group key) in one domain of the narrowest topology level
     that holds the group's GPUs: a replica split across zones or fabrics is slow or broken."""
-    if s.kind != "LeaderWorkerSet" or not s.name or not p.ask.asks_gpu or _lws_size(s) < 2:
+    group = group_of(s, p)
+    if group is None or not p.ask.asks_gpu or group.size < 2:
         return False
-    if LWS_EXCLUSIVE in meta_map(s.obj, "annotations"):
+    if s.kind == "LeaderWorkerSet" and LWS_EXCLUSIVE in meta_map(s.obj, "annotations"):
         return False  # LWS places each group in its own domain of that level already
-    i = s.inventory.level_for(_lws_group_gpus(s), known=True)
+    i = s.inventory.level_for(_group_gpus(s, p, group), known=True)
     if i is None:
         return False  # no domain can hold a group: a required affinity would strand it
     fine = s.inventory.level_finer[i]
@@ -538,7 +555,7 @@ def inference_group(s: Subject, p: Pod) -> bool:
     if isinstance(req, list) and any(isinstance(t, dict) and t.get("topologyKey") in fine for t in req):
         return False  # the user's own same-domain affinity at this level or finer wins
     term = {
-        "labelSelector": {"matchLabels": {LWS_NAME: s.name}},
+        "labelSelector": {"matchLabels": {LWS_NAME: group.name}},
         "matchLabelKeys": [LWS_GROUP_KEY],
         "topologyKey": s.inventory.levels[i].key,
     }
@@ -551,9 +568,14 @@ def _replica_selector(s: Subject, p: Pod) -> Json | None:
         if isinstance(sel, dict) and (sel.get("matchLabels") or sel.get("matchExpressions")):
             return {k: v for k, v in sel.items() if k in ("matchLabels", "matchExpressions")}
         return None
-    if s.kind == "LeaderWorkerSet":
+    group = group_of(s, p)
+    if group is not None:
         # Spread groups, not the pods of one: count leaders only (inference-group keeps each group together).
-        return {"matchLabels": {LWS_NAME: s.name, LWS_WORKER_INDEX: "0"}} if s.name else None
+        return {"matchLabels": {LWS_NAME: group.name, LWS_WORKER_INDEX: "0"}}
+    if s.kind in podviews.SPREAD_KINDS:
+        return podviews.replica_selector(s.kind, s.obj, p.template.role)
+    if s.kind == "RayService":
+        return ray_service_selector(s.obj, p.template.role)
     if s.kind == "Pod":
         meta = p.pod.get("metadata")
         owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
@@ -586,14 +608,16 @@ def scheduler_queue(s: Subject, p: Pod) -> bool:
         return False
     changed = False
     # The API server defaults schedulerName before webhooks run: "default-scheduler" means "not chosen".
-    if pol.scheduler_name and spec.get("schedulerName") in (None, "", "default-scheduler"):
+    unchosen = spec.get("schedulerName") in (None, "", "default-scheduler")
+    if pol.scheduler_name and unchosen and settable(p, "schedulerName"):
         spec["schedulerName"] = pol.scheduler_name
         changed = True
     if pol.queue_system and not has_queue(s, p):
         changed |= _add_queue(s, p)
     # A bare Pod's priority is resolved by the Priority admission plugin before webhooks run: adding the
     # class afterwards would leave spec.priority wrong, so only templates get it.
-    if pol.priority_class and s.kind != "Pod" and not spec.get("priorityClassName"):
+    unset = not spec.get("priorityClassName") and settable(p, "priorityClassName")
+    if pol.priority_class and s.kind != "Pod" and unset:
         spec["priorityClassName"] = pol.priority_class
         changed = True
     return changed

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies import comm, placement, schedkeys
+from policies import comm, ownscaling, placement, schedkeys
 from policies.classify import classify
 from policies.mutations import (
     has_queue,
@@ -187,6 +187,9 @@ def _elastic_signal(s: Subject) -> str | None:
                     lo_s, _, hi_s = e["value"].partition(":")
                     if lo_s.isdigit() and hi_s.isdigit() and int(lo_s) < int(hi_s):
                         return f"PET_NNODES={e['value']} lets the job shrink"
+    own = ownscaling.elastic_training(s.kind, s.obj, {p.template.role for p in s.gpu_pods})
+    if own:
+        return own
     if s.kind == "VolcanoJob":
         total = sum(p.template.replicas for p in s.pods)
         ma = spec.get("minAvailable")
@@ -203,7 +206,7 @@ def training_elastic_shrink(s: Subject) -> list[Violation]:
         cls = None
         if target is not None:
             cls = _target_class(target)
-        elif tkind in (*KUBEFLOW_REPLICA_SPECS, "JobSet", "RayJob"):
+        elif tkind in (*KUBEFLOW_REPLICA_SPECS, "JobSet", "RayJob", "TrainJob"):
             cls = "training"
         if cls == "training":
             return [
@@ -294,9 +297,10 @@ def online_no_timeslice(s: Subject) -> list[Violation]:
 
 def inference_warm_pool(s: Subject) -> list[Violation]:
     """Checklist 2: inference scales with a warm pool (cold starts take seconds to minutes). Denies an HPA
-    or KEDA ScaledObject for GPU inference whose minimum is below the warm pool."""
+    or KEDA ScaledObject for GPU inference whose minimum is below the warm pool, and the same minimum where a
+    kind sets it itself (KServe minReplicas and scaling, Ray autoscaled worker groups: policies/ownscaling.py)."""
     if s.kind not in ("HorizontalPodAutoscaler", "ScaledObject"):
-        return []
+        return _own_warm_pool(s)
     target, tkind, tname = _target(s)
     if target is None or _target_class(target) != "inference":
         return []
@@ -318,6 +322,20 @@ def inference_warm_pool(s: Subject) -> list[Violation]:
                 f"set {field}: {s.policy.warm_pool} or more",
             )
         ]
+    return []
+
+
+def _own_warm_pool(s: Subject) -> list[Violation]:
+    roles = {p.template.role for p in s.gpu_pods if p.workload == "inference"}
+    for field, minimum in ownscaling.warm_minimums(s.kind, s.obj, roles):
+        if minimum < s.policy.warm_pool:
+            return [
+                Violation(
+                    f"{field} {minimum} lets GPU inference {s.describe()} drop below the warm pool of "
+                    f"{s.policy.warm_pool}",
+                    f"set {field.rpartition('.')[2]}: {s.policy.warm_pool} or more",
+                )
+            ]
     return []
 
 

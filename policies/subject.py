@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies import placement, userkeys
+from policies import placement, podviews, userkeys
 from policies.classify import classify, default_latency
 from policies.document import Policy
 from policies.exceptions import Exemption
@@ -210,7 +210,7 @@ def build(obj: Json, policy: Policy, inventory: Inventory, ctx: ReviewContext) -
     kind = effective_kind(obj)
     obj_keys = userkeys.read(obj, where=(kind,)) if kind != "Pod" else userkeys.UserKeys()
     pods: list[Pod] = []
-    for tpl in templates(obj):
+    for tpl in templates(obj, ctx.resolve):
         if tpl.path:
             keys = userkeys.read(obj, tpl.pod, where=(kind, f"pod template {tpl.role}"))
         else:
@@ -220,7 +220,19 @@ def build(obj: Json, policy: Policy, inventory: Inventory, ctx: ReviewContext) -
         pods.append(Pod(tpl, keys, workload, latency))
     name = meta_str(obj, "name")
     namespace = meta_str(obj, "namespace")
-    return Subject(kind, obj, name, namespace, pods, policy, inventory, ctx, _obj_keys=obj_keys)
+    s = Subject(kind, obj, name, namespace, pods, policy, inventory, ctx, _obj_keys=obj_keys)
+    if kind == "TrainJob" and any(p.template.readonly for p in pods):
+        s.notes.append(_unresolved_runtime_note(obj))
+    return s
+
+
+def _unresolved_runtime_note(obj: Json) -> str:
+    spec = obj.get("spec")
+    if isinstance(spec, dict) and "runtimePatches" in spec and not isinstance(spec["runtimePatches"], list):
+        return "TrainJob: spec.runtimePatches is not a list: judged, not mutated"
+    ref = podviews.runtime_ref(obj)
+    what = f"{ref[0]} {ref[2]}" if ref else "its runtime"
+    return f"TrainJob: {what} not found: nodes judged from spec.trainer only, not mutated"
 
 
 def job_label(labels: Mapping[str, Any]) -> str | None:

@@ -8,7 +8,7 @@ never an exception.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +22,14 @@ KUBEFLOW_REPLICA_SPECS = {
     "PaddleJob": "paddleReplicaSpecs",
 }
 APPS_KINDS = frozenset({"Deployment", "StatefulSet", "ReplicaSet", "DaemonSet"})
+# Kinds whose pods are described by a view built from the object (and, for a TrainJob, its runtime) rather
+# than by a pod template inside it: policies/podviews.py.
+VIEW_KINDS = frozenset({"TrainJob", "InferenceService", "LLMInferenceService"})
 TEMPLATE_KINDS = frozenset(
-    {"Pod", "Job", "CronJob", "JobSet", "LeaderWorkerSet", "RayJob", "RayCluster", "VolcanoJob"}
+    {"Pod", "Job", "CronJob", "JobSet", "LeaderWorkerSet", "RayJob", "RayCluster", "RayService", "VolcanoJob"}
     | APPS_KINDS
     | set(KUBEFLOW_REPLICA_SPECS)
+    | VIEW_KINDS
 )
 ELASTICITY_KINDS = frozenset({"HorizontalPodAutoscaler", "ScaledObject"})
 
@@ -35,6 +39,7 @@ JOB_IDENTITY_LABEL = {
     "CronJob": "",  # each run is a new Job with a generated name: decided when its pods are created
     "JobSet": "jobset.sigs.k8s.io/jobset-name",
     "VolcanoJob": "volcano.sh/job-name",
+    "TrainJob": "jobset.sigs.k8s.io/jobset-name",  # its JobSet has the TrainJob's name
     **{kind: "training.kubeflow.org/job-name" for kind in KUBEFLOW_REPLICA_SPECS},
 }
 # Labels that identify one job on bare pods, most specific first.
@@ -49,15 +54,25 @@ POD_JOB_LABELS = (
 )
 
 
+Resolver = Callable[[str, str, str], Json | None]  # (kind, namespace, name) -> object or None
+Fold = Callable[[Json], None]
+
+
 @dataclass(frozen=True)
 class Template:
     """One pod description inside an object: `path` leads from the root to the pod-like mapping that has
-    `metadata` and `spec` (the root itself for a Pod)."""
+    `metadata` and `spec` (the root itself for a Pod).
+
+    A view (policies/podviews.py) is a pod-like mapping built for kinds that carry no pod template: `path` is
+    where its pod spec lives, and `fold` writes what mutations added to the view back into the object (None:
+    the view shares every mapping with the object, or `readonly`). A `readonly` view is judged, never mutated."""
 
     path: tuple[str | int, ...]
     pod: Json
     replicas: int
     role: str
+    fold: Fold | None = None
+    readonly: bool = False
 
 
 def effective_kind(obj: Mapping[str, Any]) -> str:
@@ -89,11 +104,16 @@ def _at(obj: Any, *keys: str) -> Any:
     return obj
 
 
-def templates(obj: Json) -> Iterator[Template]:
-    """Every pod template in the object (for a Pod: the pod itself)."""
+def templates(obj: Json, resolve: Resolver | None = None) -> Iterator[Template]:
+    """Every pod template in the object (for a Pod: the pod itself). `resolve` finds related objects (a
+    TrainJob's runtime)."""
     kind = effective_kind(obj)
     spec = _dict(obj.get("spec"))
-    if kind == "Pod":
+    if kind in VIEW_KINDS:
+        from policies import podviews  # (podviews builds on this module)
+
+        yield from podviews.templates(kind, obj, resolve)
+    elif kind == "Pod":
         yield Template((), obj, 1, "pod")
     elif kind in APPS_KINDS:
         if isinstance(spec.get("template"), dict):
@@ -150,8 +170,8 @@ def templates(obj: Json) -> Iterator[Template]:
                     _int(task.get("replicas"), 1),
                     name if isinstance(name, str) else f"tasks[{i}]",
                 )
-    elif kind in ("RayJob", "RayCluster"):
-        base: tuple[str | int, ...] = ("spec", "rayClusterSpec") if kind == "RayJob" else ("spec",)
+    elif kind in RAY_CLUSTER_SPEC:
+        base = RAY_CLUSTER_SPEC[kind]
         cluster = _dict(_at(obj, *[str(p) for p in base]))
         head = _dict(cluster.get("headGroupSpec"))
         if isinstance(head.get("template"), dict):
@@ -159,7 +179,7 @@ def templates(obj: Json) -> Iterator[Template]:
         wgs = cluster.get("workerGroupSpecs")
         for i, wg in enumerate(wgs if isinstance(wgs, list) else []):
             if isinstance(wg, dict) and isinstance(wg.get("template"), dict):
-                n = _int(wg.get("replicas"), _int(wg.get("minReplicas"), 1)) * _int(wg.get("numOfHosts"), 1)
+                n = ray_group_pods(wg)
                 name = wg.get("groupName")
                 yield Template(
                     (*base, "workerGroupSpecs", i, "template"),
@@ -167,6 +187,33 @@ def templates(obj: Json) -> Iterator[Template]:
                     n,
                     name if isinstance(name, str) else f"workerGroupSpecs[{i}]",
                 )
+
+
+# Where each KubeRay kind keeps its RayClusterSpec (ray.io/v1; a RayJob with `clusterSelector` has none).
+RAY_CLUSTER_SPEC: dict[str, tuple[str | int, ...]] = {
+    "RayCluster": ("spec",),
+    "RayJob": ("spec", "rayClusterSpec"),
+    "RayService": ("spec", "rayClusterConfig"),
+}
+
+
+def ray_group_pods(wg: Json) -> int:
+    """Pods of one worker group: `replicas` (else `minReplicas`, else 1) replicas of `numOfHosts` pods each; a
+    suspended group has none (KubeRay deletes its pods)."""
+    if wg.get("suspend") is True:
+        return 0
+    return _int(wg.get("replicas"), _int(wg.get("minReplicas"), 1)) * _int(wg.get("numOfHosts"), 1)
+
+
+def ray_service_selector(obj: Json, role: str) -> Json | None:
+    """Labels KubeRay puts on every pod of one group of a RayService's cluster (whose own name is generated):
+    the RayService's name and kind, and the group (`headgroup` for the head)."""
+    name = _at(obj, "metadata", "name")
+    if not isinstance(name, str) or not name or role.startswith("workerGroupSpecs["):
+        return None
+    group = "headgroup" if role == "head" else role
+    labels = {"ray.io/originated-from-crd": "RayService", "ray.io/originated-from-cr-name": name, "ray.io/group": group}
+    return {"matchLabels": labels}
 
 
 def lookup(obj: Json, path: tuple[str | int, ...]) -> Any:

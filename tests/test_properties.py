@@ -312,6 +312,10 @@ API_VERSIONS = {
     "RayJob": "ray.io/v1",
     "RayCluster": "ray.io/v1",
     "VolcanoJob": "batch.volcano.sh/v1alpha1",
+    "RayService": "ray.io/v1",
+    "InferenceService": "serving.kserve.io/v1beta1",
+    "LLMInferenceService": "serving.kserve.io/v1alpha2",
+    "TrainJob": "trainer.kubeflow.org/v1alpha1",
     "HorizontalPodAutoscaler": "autoscaling/v2",
     "ScaledObject": "keda.sh/v1alpha1",
 }
@@ -326,6 +330,9 @@ def wrap(kind: str, meta: dict[str, Any], template: dict[str, Any], n: int) -> d
         return {**head, "spec": template["spec"], "metadata": {**meta, **template["metadata"], "name": meta["name"]}}
     workers = {"groupName": "w", "replicas": n, "template": copy.deepcopy(template)}
     ray = {"headGroupSpec": {"template": template}, "workerGroupSpecs": [workers]}
+    # KServe: a bare PodSpec with the template's labels and annotations beside it.
+    podspec = {**template["spec"], "labels": template["metadata"]["labels"]}
+    podspec["annotations"] = template["metadata"]["annotations"]
     spec: dict[str, Any] = {
         "Job": {"parallelism": n, "template": template},
         "CronJob": {"schedule": "0 * * * *", "jobTemplate": {"spec": {"parallelism": n, "template": template}}},
@@ -333,6 +340,10 @@ def wrap(kind: str, meta: dict[str, Any], template: dict[str, Any], n: int) -> d
         "LeaderWorkerSet": {"replicas": 1, "leaderWorkerTemplate": {"size": n, "workerTemplate": template}},
         "RayJob": {"rayClusterSpec": ray},
         "RayCluster": ray,
+        "RayService": {"rayClusterConfig": ray},
+        "InferenceService": {"predictor": {**podspec, "minReplicas": n}},
+        "LLMInferenceService": {"replicas": n, **podspec, "template": template["spec"]},
+        "TrainJob": {"runtimeRef": {"name": "runtime"}, "trainer": {"numNodes": n}},  # pods: runtime_of(template)
         "VolcanoJob": {"minAvailable": n, "tasks": [{"name": "w", "replicas": n, "template": template}]},
         "HorizontalPodAutoscaler": {"scaleTargetRef": {"kind": "Deployment", "name": "target"}, "minReplicas": n - 1},
         "ScaledObject": {"scaleTargetRef": {"name": "target"}, "minReplicaCount": n - 1},
@@ -351,7 +362,16 @@ def gpu_workloads(draw: Any, kinds: Sequence[str] = GPU_KINDS) -> tuple[dict[str
     template = draw(gpu_templates())
     obj = wire(wrap(kind, draw(metadata()), template, draw(st.integers(1, 4))))
     target = wire(wrap("Deployment", {"name": "target", "namespace": "ml"}, template, 2))
-    return obj, ReviewContext(resolve=lambda *_: target)
+    runtime = runtime_of(template)
+    return obj, ReviewContext(resolve=lambda kind, *_: runtime if kind == "ClusterTrainingRuntime" else target)
+
+
+def runtime_of(template: dict[str, Any]) -> dict[str, Any]:
+    """A ClusterTrainingRuntime whose trainer job runs `template`."""
+    job = {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}}}
+    job["spec"] = {"template": copy.deepcopy(template)}
+    rt = {"apiVersion": API_VERSIONS["TrainJob"], "kind": "ClusterTrainingRuntime", "metadata": {"name": "runtime"}}
+    return {**rt, "spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": job}]}}}}
 
 
 RULE_IDS = frozenset(r.id for r in RULES)
