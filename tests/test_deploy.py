@@ -51,8 +51,12 @@ WORKLOAD_KINDS_RESOURCES = {
     ("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "tfjobs"), ("kubeflow.org", "mpijobs"),
     ("kubeflow.org", "xgboostjobs"), ("kubeflow.org", "paddlejobs"), ("jobset.x-k8s.io", "jobsets"),
     ("leaderworkerset.x-k8s.io", "leaderworkersets"), ("batch.volcano.sh", "jobs"),
-    ("ray.io", "rayjobs"), ("ray.io", "rayclusters"),
+    ("ray.io", "rayjobs"), ("ray.io", "rayclusters"), ("ray.io", "rayservices"),
+    ("serving.kserve.io", "inferenceservices"), ("serving.kserve.io", "llminferenceservices"),
 }  # fmt: skip
+# Kinds whose pods the API server cannot see from the object (a TrainJob's are in its runtime): every object
+# of these is sent, with no GPU condition (deploy/base/webhook-*.yaml says why).
+ALWAYS_SENT = {("trainer.kubeflow.org", "trainjobs")}
 
 # Spec §7: every kind the webhook must see -> (API group, resource). Pod templates: both configurations.
 TEMPLATE_KINDS: dict[str, tuple[str, str]] = {
@@ -73,6 +77,10 @@ TEMPLATE_KINDS: dict[str, tuple[str, str]] = {
     "Volcano Job": ("batch.volcano.sh", "jobs"),
     "RayJob": ("ray.io", "rayjobs"),
     "RayCluster": ("ray.io", "rayclusters"),
+    "RayService": ("ray.io", "rayservices"),
+    "InferenceService": ("serving.kserve.io", "inferenceservices"),
+    "LLMInferenceService": ("serving.kserve.io", "llminferenceservices"),
+    "TrainJob": ("trainer.kubeflow.org", "trainjobs"),
 }
 # Validating only.
 VALIDATE_ONLY_KINDS: dict[str, tuple[str, str]] = {
@@ -514,6 +522,10 @@ def test_gpu_workload_webhooks_have_a_gpu_condition(rendered: list[dict[str, Any
                 assert USER_KEY_CLAUSE.format(where="annotations") in text, h["name"]
             else:  # nothing to mutate on a CPU object, except a gpu-memory ask (it becomes a MIG slice)
                 assert "'gpu-admission.io/gpu-memory'" in text and "'gpu-admission.io/'" not in text, h["name"]
+        sent = {(g, r) for rule in h["rules"] for g in rule["apiGroups"] for r in rule["resources"]} & ALWAYS_SENT
+        if sent:  # alone in its webhook, which skips only the updates that change nothing we read
+            assert [c["name"] for c in h["matchConditions"]] == ["create-or-relevant-update"], h["name"]
+            assert all(set(rule["resources"]) == {r for _, r in sent} for rule in h["rules"]), h["name"]
 
 
 def test_validating_user_key_clause_covers_the_object_and_every_pod_template(rendered: list[dict[str, Any]]) -> None:
@@ -525,10 +537,12 @@ def test_validating_user_key_clause_covers_the_object_and_every_pod_template(ren
     assert set(mutating) == set(FAMILIES) and set(FAMILIES) <= set(judging)
     assert _verb_of(mutating["pods"]) == "admit"
     for family, m in mutating.items():
+        if family in ALWAYS_SENT_FAMILIES:
+            continue  # every object is sent: no clause to look for
         places = " ".join(c["expression"] for c in m["matchConditions"]).count("'gpu-admission.io/gpu-memory' in")
         text = " ".join(c["expression"] for c in judging[family]["matchConditions"])
         expected = 1 if family == "pods" else places + 1
-        for where in ("metadata.labels", "metadata.annotations"):
+        for where in ("labels", "annotations"):  # in a template's metadata, or beside a PodSpec (KServe)
             assert text.count(USER_KEY_CLAUSE.format(where=where)) == expected, (family, where)
         assert text.count("object.metadata.labels.exists(") == 1, family
         assert "'gpu-admission.io/gpu-memory'" not in text, f"{family}: subsumed by the prefix test"
@@ -676,6 +690,44 @@ def _ray_cluster_spec(t: dict[str, Any], *, head: bool) -> dict[str, Any]:
     return {"headGroupSpec": {"template": _cpu_template()}, "workerGroupSpecs": [{"groupName": "g", "template": t}]}
 
 
+def _podspec(t: dict[str, Any]) -> dict[str, Any]:
+    """A pod template as KServe writes it: the PodSpec inline, its labels and annotations beside it."""
+    return {**copy.deepcopy(t.get("spec", {})), **copy.deepcopy(t.get("metadata", {}))}
+
+
+def _isvc(where: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def wrap(t: dict[str, Any]) -> dict[str, Any]:
+        cpu = _podspec(_cpu_template())
+        if where == "model":  # the GPU container as predictor.model, the others as containers
+            pred = _podspec(t)
+            listed = pred.get("containers", [])
+            pred["model"], pred["containers"] = listed[-1], listed[:-1]
+            return _obj("InferenceService", {"predictor": pred})
+        if where == "worker":  # workerSpec has no labels of its own: they sit on the predictor
+            pred = {**cpu, **copy.deepcopy(t.get("metadata", {}))}
+            return _obj("InferenceService", {"predictor": {**pred, "workerSpec": copy.deepcopy(t.get("spec", {}))}})
+        if where == "canary":
+            return _obj("InferenceService", {"predictor": cpu, "canary": [{"predictor": _podspec(t)}]})
+        if where == "transformer":
+            return _obj("InferenceService", {"predictor": cpu, "transformer": _podspec(t)})
+        return _obj("InferenceService", {"predictor": _podspec(t)})
+
+    return wrap
+
+
+def _llmisvc(where: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def wrap(t: dict[str, Any]) -> dict[str, Any]:
+        meta, spec = copy.deepcopy(t.get("metadata", {})), copy.deepcopy(t.get("spec", {}))
+        cpu = _cpu_template()["spec"]
+        if where == "worker":
+            return _obj("LLMInferenceService", {"template": cpu, "worker": spec, **meta})
+        if where == "prefill":
+            return _obj("LLMInferenceService", {"template": cpu, "prefill": {"template": spec, **meta}})
+        return _obj("LLMInferenceService", {"template": spec, **meta})
+
+    return wrap
+
+
 # family (the webhook name's first label) -> kind -> wrap(pod template) -> object of that kind
 FAMILIES: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "pods": {"Pod": lambda t: _obj("Pod", t["spec"], **t["metadata"])},
@@ -701,8 +753,22 @@ FAMILIES: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
         "RayCluster(worker)": lambda t: _obj("RayCluster", _ray_cluster_spec(t, head=False)),
         "RayCluster(head)": lambda t: _obj("RayCluster", _ray_cluster_spec(t, head=True)),
         "RayJob": lambda t: _obj("RayJob", {"entrypoint": "x.py", "rayClusterSpec": _ray_cluster_spec(t, head=False)}),
+        "RayService": lambda t: _obj("RayService", {"rayClusterConfig": _ray_cluster_spec(t, head=False)}),
+    },
+    "inferenceservices": {
+        f"InferenceService({where})": _isvc(where)
+        for where in ("predictor", "model", "worker", "canary", "transformer")
+    },
+    "llminferenceservices": {
+        f"LLMInferenceService({where})": _llmisvc(where) for where in ("template", "worker", "prefill")
+    },
+    "trainjobs": {
+        "TrainJob": lambda t: _obj("TrainJob", {"runtimeRef": {"name": "torch"}, "trainer": {"numNodes": 2}})
     },
 }
+
+
+ALWAYS_SENT_FAMILIES = {"trainjobs"}
 
 
 def _family_of(hook: dict[str, Any]) -> str:
@@ -835,6 +901,16 @@ def cel_cases(
         yield "label set to the empty value", "UPDATE", empty, plain, "ml", True
         yield "another label changed", "UPDATE", other, off, "ml", False
         yield "nothing changed", "UPDATE", off, off, "ml", False
+        return
+    if family in ALWAYS_SENT_FAMILIES:
+        for kind, wrap in FAMILIES[family].items():
+            obj = wrap(_cpu_template())
+            relabelled = _with_meta(obj, BAD_LABELS)
+            yield f"{kind}: CREATE, whatever its trainer asks", "CREATE", obj, None, "w", True
+            yield f"{kind}: CREATE, empty spec", "CREATE", _obj("X", {}), None, "w", True
+            yield f"{kind}: UPDATE, nothing changed", "UPDATE", obj, copy.deepcopy(obj), "w", False
+            yield f"{kind}: UPDATE, labels changed", "UPDATE", relabelled, obj, "w", True
+            yield f"{kind}: DELETE (object is null)", "DELETE", None, obj, "w", True
         return
     for kind, wrap in FAMILIES[family].items():
         yield from _user_key_cases(family, kind, wrap, verb)
@@ -1009,6 +1085,7 @@ def test_server_rbac_is_read_only(rendered: list[dict[str, Any]]) -> None:
     allowed = {
         ("", "nodes"), ("", "namespaces"), ("", "configmaps"), ("autoscaling", "horizontalpodautoscalers"),
         ("keda.sh", "scaledobjects"), ("", "pods"), ("gpu-admission.io", "gpupolicyexceptions"),
+        ("trainer.kubeflow.org", "trainingruntimes"), ("trainer.kubeflow.org", "clustertrainingruntimes"),
     } | WORKLOAD_KINDS_RESOURCES  # fmt: skip
     assert granted <= allowed, f"unexpected grants: {granted - allowed}"
 

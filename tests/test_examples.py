@@ -58,6 +58,17 @@ ALLOWED: dict[str, dict[str, Expect]] = {
         # Kueue podset-required-topology at rack level: no second same-rack constraint is layered on top.
         "JobSet/gemma2-9b-pretrain": expect("training", ("training-pool",)),
     },
+    "training/trainjob.yaml": {
+        "ClusterTrainingRuntime/torch-distributed": NOT_HANDLED,  # read for the TrainJob's pods
+        "TrainJob/llama3-8b-ft": expect(
+            "training", ("training-pool", "training-rack"), warnings=("training-topology-scheduler",)
+        ),
+    },
+    "inference/llminferenceservice-multi-node.yaml": {
+        "LLMInferenceService/deepseek-r1": expect(
+            "inference", ("inference-spread", "online-exclusive", "inference-group")
+        ),
+    },
     "inference/deployment-hpa.yaml": {
         "Deployment/llama3-8b-instruct": expect("inference", ("inference-spread", "online-exclusive")),
         "Service/llama3-8b-instruct": NOT_HANDLED,

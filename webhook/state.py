@@ -36,8 +36,15 @@ log = logging.getLogger("gpu-admission.state")
 POLICY_KEY = "policy.yaml"
 # Seconds an edited policy file must stay unchanged before it loads (a half-written file is not served).
 POLICY_SETTLE = 0.3
-# HPA / ScaledObject targets resolved from the cache; CRD targets fall back to classification by kind.
+# Related objects resolved from a cache: HPA / ScaledObject targets (CRD targets fall back to classification
+# by kind), and the Kubeflow Trainer runtimes whose JobSet template holds a TrainJob's pods.
 TARGET_PATHS = {"Deployment": "/apis/apps/v1/deployments", "StatefulSet": "/apis/apps/v1/statefulsets"}
+RUNTIME_PATHS = {
+    "TrainingRuntime": "/apis/trainer.kubeflow.org/v1alpha1/trainingruntimes",
+    "ClusterTrainingRuntime": "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
+}
+# Where the Trainer is not installed its runtimes answer 404: retried this rarely (seconds), one warning each.
+OPTIONAL_BACKOFF = 300.0
 # Node events are applied to the inventory in batches at most this often (seconds): a storm of updates costs
 # one batch of distinct nodes per interval, and reviews see a node change at most this much later.
 NODE_BATCH_INTERVAL = 0.05
@@ -324,10 +331,14 @@ class State:
         for kind, path in TARGET_PATHS.items():
             self._targets[kind] = Reflector(client, path, name=kind.lower() + "s")
             self._reflectors.append(self._targets[kind].start())
+        for kind, path in RUNTIME_PATHS.items():
+            self._targets[kind] = Reflector(client, path, name=kind.lower() + "s", backoff_max=OPTIONAL_BACKOFF)
+            self._reflectors.append(self._targets[kind].start())
 
         def resolve(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
             refl = self._targets.get(kind)
-            obj = refl.get(f"{namespace}/{name}") if refl is not None else None
+            key = f"{namespace}/{name}" if namespace else name  # cluster-scoped objects: by name alone
+            obj = refl.get(key) if refl is not None else None
             return obj if isinstance(obj, dict) else None
 
         self.set_resolver(resolve)

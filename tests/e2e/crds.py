@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 KINDS: tuple[tuple[str, str, str, str], ...] = (
-    # group, version, kind, plural
+    # group, version(s) (the last one stored; several are served alike, as unknown fields are preserved),
+    # kind, plural
     ("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs"),
     ("kubeflow.org", "v1", "TFJob", "tfjobs"),
     ("kubeflow.org", "v2beta1", "MPIJob", "mpijobs"),
@@ -21,8 +22,15 @@ KINDS: tuple[tuple[str, str, str, str], ...] = (
     ("batch.volcano.sh", "v1alpha1", "Job", "jobs"),
     ("ray.io", "v1", "RayJob", "rayjobs"),
     ("ray.io", "v1", "RayCluster", "rayclusters"),
+    ("ray.io", "v1", "RayService", "rayservices"),
+    ("serving.kserve.io", "v1beta1", "InferenceService", "inferenceservices"),
+    ("serving.kserve.io", "v1alpha1,v1alpha2", "LLMInferenceService", "llminferenceservices"),
+    ("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs"),
+    ("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime", "trainingruntimes"),
+    ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes"),
     ("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects"),
 )
+CLUSTER_SCOPED = frozenset({"ClusterTrainingRuntime"})
 
 
 def crd(group: str, version: str, kind: str, plural: str) -> dict[str, Any]:
@@ -33,14 +41,16 @@ def crd(group: str, version: str, kind: str, plural: str) -> dict[str, Any]:
         "spec": {
             "group": group,
             "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": kind + "List"},
-            "scope": "Namespaced",
+            "scope": "Cluster" if kind in CLUSTER_SCOPED else "Namespaced",
             "versions": [
                 {
-                    "name": version,
+                    "name": name,
                     "served": True,
-                    "storage": True,
+                    "storage": i == len(versions) - 1,
                     "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
                 }
+                for versions in [version.split(",")]
+                for i, name in enumerate(versions)
             ],
         },
     }

@@ -102,6 +102,33 @@ def _raycluster(name: str) -> Obj:
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name}, "spec": spec}
 
 
+def _isvc(name: str) -> Obj:
+    t = template()
+    spec = {"predictor": {**t["spec"], "labels": t["metadata"]["labels"]}}
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def _llmisvc(name: str) -> Obj:
+    spec = {"model": {"uri": "hf://Qwen/Qwen3-8B"}, "template": template()["spec"]}
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha2",
+        "kind": "LLMInferenceService",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def _trainjob(name: str) -> Obj:  # no such runtime: judged from spec.trainer, one node, allowed
+    trainer = {"resourcesPerNode": {"limits": {"nvidia.com/gpu": "1"}}}
+    spec = {"runtimeRef": {"name": "absent"}, "trainer": trainer}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": name}, "spec": spec}
+
+
 def _hpa(name: str) -> Obj:
     spec = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "absent"},
@@ -130,6 +157,9 @@ FAMILIES: dict[str, tuple[Callable[[str], Obj], str, Obj, set[str]]] = {
     "leaderworkersets": (_lws, "leaderworkersets.leaderworkerset.x-k8s.io", {"startupPolicy": "LeaderReady"}, BOTH),
     "volcanojobs": (_volcano, "jobs.batch.volcano.sh", {"maxRetry": 2}, BOTH),
     "ray": (_raycluster, "rayclusters.ray.io", {"suspend": True}, BOTH),
+    "inferenceservices": (_isvc, "inferenceservices.serving.kserve.io", {"predictor": {"minReplicas": 2}}, BOTH),
+    "llminferenceservices": (_llmisvc, "llminferenceservices.serving.kserve.io", {"replicas": 2}, BOTH),
+    "trainjobs": (_trainjob, "trainjobs.trainer.kubeflow.org", {"suspend": True}, BOTH),
     "horizontalpodautoscalers": (_hpa, "horizontalpodautoscalers.autoscaling", {"maxReplicas": 3}, {"validate"}),
     "scaledobjects": (_scaledobject, "scaledobjects.keda.sh", {"maxReplicaCount": 3}, {"validate"}),
 }
