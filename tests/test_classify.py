@@ -29,6 +29,11 @@ def pod(labels: dict[str, str] | None = None, owners: list[dict[str, Any]] | Non
         ({"batch.kubernetes.io/job-name": "j"}, "batch"),
         ({"job-name": "j"}, "batch"),  # the Job controller's legacy label
         ({"ray.io/cluster": "c"}, "batch"),
+        ({"serving.kserve.io/inferenceservice": "isvc", "component": "predictor"}, "inference"),
+        # KubeRay names the kind a cluster was made for: a RayService serves, a RayJob trains
+        ({"ray.io/cluster": "c", "ray.io/originated-from-crd": "RayService"}, "inference"),
+        ({"ray.io/cluster": "c", "ray.io/originated-from-crd": "RayJob"}, "training"),
+        ({"ray.io/cluster": "c", "ray.io/originated-from-crd": "RayCluster"}, "batch"),
         ({"app": "web"}, None),
         # training labels win over the others a training pod also carries
         ({"batch.kubernetes.io/job-name": "j", "batch.kubernetes.io/job-completion-index": "1"}, "training"),
@@ -46,6 +51,10 @@ def test_controller_labels(labels: dict[str, str], expected: str | None) -> None
         ({"kind": "Job", "name": "o", "controller": True}, "batch"),
         ({"kind": "RayCluster", "name": "o", "controller": True}, "batch"),
         ({"kind": "PyTorchJob", "name": "o", "controller": True}, "training"),
+        ({"kind": "TrainJob", "name": "o", "controller": True}, "training"),
+        ({"kind": "RayService", "name": "o", "controller": True}, "inference"),
+        ({"kind": "InferenceService", "name": "o", "controller": True}, "inference"),
+        ({"kind": "LLMInferenceService", "name": "o", "controller": True}, "inference"),
         ({"kind": "ReplicaSet", "name": "o", "controller": False}, None),  # an owner, not the controller
         ({"kind": "ConfigMap", "name": "o", "controller": True}, None),
     ],
