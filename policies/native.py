@@ -319,8 +319,8 @@ NOT_NATIVE: Mapping[str, str] = {
     "gpu-admission-annotations": "its value parsing and did-you-mean hints have no CEL equivalent with the same "
     "verdicts (quantities are parsed by our own grammar)",
     "training-elastic-shrink (HorizontalPodAutoscaler, ScaledObject)": "reads another object (the target's class)",
-    "mutations": "every mutation stays in the webhook: MutatingAdmissionPolicy is served from Kubernetes 1.36 "
-    "(GA, admissionregistration.k8s.io/v1) and no tested control plane here serves it yet; gpu-slice, "
+    "mutations": "every mutation stays in the webhook: MutatingAdmissionPolicy (GA in Kubernetes 1.36, "
+    "admissionregistration.k8s.io/v1) is not generated yet, the default test control plane (1.33) lacks it; gpu-slice, "
     "training-pool, online-exclusive, training-rack, training-node-pack, inference-spread and inference-group "
     "need the node inventory or the pod view",
 }
