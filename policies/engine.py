@@ -18,6 +18,7 @@ from policies.document import Policy
 from policies.exceptions import Exemption
 from policies.inventory import Inventory
 from policies.mutations import MUTATIONS
+from policies.native import COVERED_KINDS as NATIVE_KINDS
 from policies.patch import JsonOp, diff
 from policies.resources import is_gpu_resource
 from policies.rules import RULES
@@ -206,7 +207,7 @@ def review(
         if (elastic and not rule.elasticity) or (only is not None and rule.id not in only):
             continue
         action = _cap(policy.rules.get(rule.id, "enforce"), mode)
-        if rule.id in ctx.native and not elastic:  # a ValidatingAdmissionPolicy judges it in the API server
+        if rule.id in ctx.native and kind in NATIVE_KINDS:  # a ValidatingAdmissionPolicy judges it there
             results.append(RuleResult(rule.id, action, "native"))
             continue
         if action == "off":

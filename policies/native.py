@@ -325,6 +325,14 @@ NOT_NATIVE: Mapping[str, str] = {
     "need the node inventory or the pod view",
 }
 
+# The (effective) kinds the policies judge: the webhook skips native rules on these only (policies/engine.py).
+# A kind the engine learns later (TrainJob, RayService, ...) keeps every rule in the webhook until it is added
+# here, to `_MATCH_RULES` and to `_templates`.
+COVERED_KINDS = frozenset(
+    {"Pod", "Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Job", "CronJob", *KUBEFLOW_REPLICA_SPECS,
+     "JobSet", "LeaderWorkerSet", "VolcanoJob", "RayJob", "RayCluster"}
+)  # fmt: skip
+
 # What each VAP matches: every kind the engine reviews for these rules (pod templates), CREATE and UPDATE.
 _MATCH_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "v1", ("pods",)),

@@ -129,6 +129,30 @@ def test_the_engine_skips_native_rules_on_templates_only() -> None:
     assert [d.rule for d in hpa.denials] == ["training-elastic-shrink"]  # the HPA half stays in the webhook
 
 
+def test_kinds_the_policies_do_not_match_keep_every_rule_in_the_webhook() -> None:
+    """A kind the engine handles but the policies do not match (TrainJob, RayService, ...) is judged in full by
+    the webhook even under --native: otherwise nobody would judge the native rules on it."""
+    from policies.workloads import TEMPLATE_KINDS
+
+    assert native.COVERED_KINDS <= TEMPLATE_KINDS
+    uncovered = sorted(TEMPLATE_KINDS - native.COVERED_KINDS)
+    assert uncovered, "every kind is matched: drop this test's premise"
+    policy = policy_for({"rules": {"training-queue-priority": "enforce"}})
+    inv = inventory_for("examples/cluster/nodes.yaml", policy)
+    job = _case("rules/training-queue-priority-enforced")["input"]
+    ctx = ReviewContext(native=native.NATIVE_RULES)
+    assert review(job, policy=policy, inventory=inv, ctx=ctx).allowed  # PyTorchJob: the API server judges it
+    from policies import engine
+
+    original = engine.NATIVE_KINDS
+    engine.NATIVE_KINDS = frozenset(original - {"PyTorchJob"})  # as for a kind the policies do not match
+    try:
+        r = review(job, policy=policy, inventory=inv, ctx=ctx)
+    finally:
+        engine.NATIVE_KINDS = original
+    assert [d.rule for d in r.denials] == ["training-queue-priority"]
+
+
 # --- the command and the overlay ----------------------------------------------------------------------------
 
 
