@@ -153,6 +153,25 @@ def test_kinds_the_policies_do_not_match_keep_every_rule_in_the_webhook() -> Non
     assert [d.rule for d in r.denials] == ["training-queue-priority"]
 
 
+@pytest.mark.parametrize(
+    "case_id", ["kinds/rayjob-autoscaling-denied", "kinds/trainjob-runtime-not-found-denied", "kinds/rayservice"]
+)
+def test_kinds_the_native_policies_do_not_read_are_judged_by_the_webhook(case_id: str) -> None:
+    """The native CEL reads no TrainJob runtime, KServe PodSpec or RayService cluster, nor a RayJob's Ray
+    autoscaling: under `serve --native` the webhook still judges those rules there, with the same verdict."""
+    case = _case(case_id)
+    policy = policy_for(case.get("policy"))
+    inv = inventory_for("examples/cluster/nodes.yaml", policy)
+    full = review(case["input"], policy=policy, inventory=inv)
+    with_native = review(case["input"], policy=policy, inventory=inv, ctx=ReviewContext(native=native.NATIVE_RULES))
+    assert [r.outcome for r in with_native.results if r.outcome == "native"] == []
+    assert (with_native.allowed, with_native.denials, with_native.warnings) == (
+        full.allowed,
+        full.denials,
+        full.warnings,
+    )
+
+
 # --- the command and the overlay ----------------------------------------------------------------------------
 
 
