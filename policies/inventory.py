@@ -568,11 +568,14 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
     rack = inv.rack_label
     removed: list[GpuNode] = []
     added: list[GpuNode] = []
+    level_keys = _level_keys(inv)
+    levels_touched = False
     for key, n in changes.items():
         slot = index.slots.get(key)
         old = index.node(slot) if slot is not None else None
         if n is not None:
             n = changes[key] = _with_rack(n, rack)
+        levels_touched = levels_touched or _level_facts(old, level_keys) != _level_facts(n, level_keys)
         if old is not None and n is not None and _counted(old) == _counted(n):
             continue  # the usual status update: nothing the totals count has changed
         removed += [old] if old is not None else []
@@ -591,11 +594,10 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
     else:
         whole, unshared, found = affinity.expressions(index, _groups(index))
         problems = tuple(found)
-    unchanged = same_keys and index.labels is inv.index.labels and index.sets is inv.index.sets
-    if unchanged and len(index) == len(inv.index):  # heartbeats: no label or kind changed anywhere
+    if not levels_touched and rack == inv.rack_label:  # heartbeats, and labels no level can read (health...)
         levels, level_warnings, nvlink_key = inv.levels, inv.level_warnings, inv.nvlink_key
     else:
-        # Levels read the nodes' labels: O(GPU nodes), only when a label or kind changed somewhere.
+        # Levels read the nodes' labels: O(GPU nodes), only when a node came or went or a level input changed.
         levels, found_warnings = _levels(index, inv, rack)
         level_warnings = tuple(found_warnings)
         nvlink_key = next((k for k in topology.NVLINK_KEYS if _labelled(index, k)), None)
@@ -687,6 +689,22 @@ def _groups(index: NodeIndex) -> affinity.Groups:
     whole = index.set(WHOLE_CARD)
     shared = index.set(SHARED)
     return affinity.Groups(whole=live & whole, not_whole=gpu & ~whole, exclusive=gpu & ~shared, shared=gpu & shared)
+
+
+def _level_keys(inv: Inventory) -> tuple[str, ...]:
+    """Every label key `_levels` may read: the declared levels, else any key auto-detection knows."""
+    declared = (*inv.level_setting, inv.rack_setting)
+    return declared if inv.level_setting else (*_AUTO_LEVEL_KEYS, inv.rack_setting)
+
+
+_AUTO_LEVEL_KEYS = (*topology.NVLINK_KEYS, *topology.AUTO_ORDER, topology.ZONE)
+
+
+def _level_facts(n: GpuNode | None, keys: tuple[str, ...]) -> tuple[Any, ...] | None:
+    """What `_levels` reads of a node (None: no node): equal facts before and after a change leave the levels."""
+    if n is None:
+        return None
+    return (n.whole_card, n.whole_gpus, *(n.labels.get(k) for k in keys))
 
 
 def _counted(n: GpuNode) -> tuple[Any, ...]:

@@ -94,6 +94,7 @@ def summary(inv: inventory_mod.Inventory) -> dict[str, Any]:
         "offers": sorted((k[1].resource, k[2], len(m)) for k, m in inv.all.members_of("offer")),
         "candidates": [sorted(n.name for n in inv.candidates(p)) for p in probes],
         "affinity": (inv.whole_card_expressions, inv.not_shared_expressions),
+        "levels": (inv.levels, inv.level_warnings, inv.nvlink_key, inv.rack_or_finer, inv.level_finer),
     }
 
 
@@ -127,16 +128,50 @@ def test_batches_of_node_changes_equal_a_fresh_build(seed: int, policy_text: str
                 live.pop(name, None)
                 changes[name] = None
                 continue
-            if roll < 0.45:  # a relabel: another rack, or the rack label gone
-                labels = obj["metadata"]["labels"]
-                if rng.random() < 0.5:
-                    labels.pop("topology.kubernetes.io/rack")
-                else:
-                    labels["topology.kubernetes.io/rack"] = f"rack-{rng.randrange(4):05d}"
+            if roll < 0.6:  # a relabel: what levels read (rack, block, zone, clique, sharing) or not (health)
+                relabel(rng, obj["metadata"]["labels"])
             live[name] = obj
             changes[name] = inventory_mod.node_from_object(obj, policy.pools)
         inv = inv.apply(changes)
         assert summary(inv) == summary(inventory_mod.build(list(live.values()), policy)), f"step {step}"
+
+
+def relabel(rng: random.Random, labels: dict[str, str]) -> None:
+    roll = rng.random()
+    if roll < 0.2:
+        labels.pop("topology.kubernetes.io/rack")
+    elif roll < 0.4:
+        labels["topology.kubernetes.io/rack"] = f"rack-{rng.randrange(4):05d}"
+    elif roll < 0.5:
+        labels["topology.kubernetes.io/zone"] = rng.choice(["zone-0", "zone-1", ""])
+    elif roll < 0.6:
+        labels["gpu-admission.example/block"] = f"block-{rng.randrange(3):04d}"
+    elif roll < 0.7:
+        labels["nvidia.com/gpu.clique"] = f"cluster-1.{rng.randrange(3)}"
+    elif roll < 0.8:
+        labels.pop("nvidia.com/gpu.clique", None)
+    elif roll < 0.85 and "nvidia.com/gpu.present" in labels:  # whole cards become time-sliced
+        labels |= {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
+    elif roll < 0.9 and "nvidia.com/gpu.present" in labels:  # MIG turned on (the same GPU count)
+        labels["nvidia.com/mig-1g.10gb.count"] = "7"
+    else:
+        labels["gpu-admission.example/health"] = rng.choice(["ok", "degraded"])
+
+
+def test_a_label_no_level_reads_keeps_the_levels_of_the_previous_version() -> None:
+    """A health flip reuses the levels (no O(nodes) recount: the storm's label changes); a zone move recounts."""
+    policy = default_policy()
+    inv = inventory_mod.build(clustergen.cluster(200), policy)
+    obj = clustergen.node(17, generation=1)
+    obj["metadata"]["labels"]["gpu-admission.example/health"] = "degraded"
+    after = inv.apply({obj["metadata"]["name"]: inventory_mod.node_from_object(obj, policy.pools)})
+    assert after.levels is inv.levels and after.level_warnings is inv.level_warnings
+    obj = clustergen.node(17, generation=2)  # a new object: the inventory keeps the old one's labels
+    obj["metadata"]["labels"]["topology.kubernetes.io/zone"] = "zone-9"
+    moved = after.apply({obj["metadata"]["name"]: inventory_mod.node_from_object(obj, policy.pools)})
+    # Its rack now spans two zones: the zone level no longer nests and is dropped.
+    assert [lv.key for lv in after.levels] == ["topology.kubernetes.io/rack", "topology.kubernetes.io/zone"]
+    assert [lv.key for lv in moved.levels] == ["topology.kubernetes.io/rack"]
 
 
 def test_a_node_updated_without_label_changes_touches_no_label_posting() -> None:
