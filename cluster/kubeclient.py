@@ -554,10 +554,13 @@ def iter_json_lines(chunks: Iterable[bytes], *, max_line: int = MAX_WATCH_LINE) 
         yield tail
 
 
-def decode_watch_event(line: bytes | str) -> JSON:
+Decode: TypeAlias = Callable[[bytes], Any]  # a response body or watch line to JSON values (orjson.loads by default)
+
+
+def decode_watch_event(line: bytes, decode: Decode = orjson.loads) -> JSON:
     """One watch line to `{"type": ..., "object": {...}}`; `KubeError` if it is not a watch event."""
     try:
-        event = orjson.loads(line)
+        event = decode(line)
     except orjson.JSONDecodeError as exc:
         raise KubeError(0, "InvalidWatchEvent", f"watch line is not JSON: {exc}") from None
     if (
@@ -707,8 +710,9 @@ class KubeClient:
         params: Mapping[str, ParamValue] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        decode: Decode = orjson.loads,
     ) -> JSON:
-        """Send one request; the decoded JSON body, or `KubeError`."""
+        """Send one request; the decoded JSON body (`decode`: a cut-down decoder), or `KubeError`."""
         headers = {}
         content: bytes | None = None
         if body is not None:
@@ -732,7 +736,7 @@ class KubeClient:
         if not response.content:
             return {}
         try:
-            decoded = orjson.loads(response.content)
+            decoded = decode(response.content)
         except orjson.JSONDecodeError:
             raise KubeError(response.status_code, "InvalidResponse", f"{method} {path}: not JSON") from None
         if not isinstance(decoded, dict):
@@ -742,9 +746,9 @@ class KubeClient:
     def get(self, path: str, **params: ParamValue) -> JSON:
         return self.request("GET", path, params=params)
 
-    def list(self, path: str, **params: ParamValue) -> JSON:
+    def list(self, path: str, *, decode: Decode = orjson.loads, **params: ParamValue) -> JSON:
         """One list request (one page when `limit` is given; see `list_all`)."""
-        return self.request("GET", path, params=params)
+        return self.request("GET", path, params=params, decode=decode)
 
     def list_all(
         self,
@@ -752,23 +756,24 @@ class KubeClient:
         *,
         page_size: int = 500,
         transform: Callable[[Any], Any] | None = None,
+        decode: Decode = orjson.loads,
         **params: ParamValue,
     ) -> JSON:
         """Every item, following `continue` tokens; a List with all `items` and the last resourceVersion.
 
         `transform(item)` is applied page by page (None drops the item), so only one page of whole objects
-        is in memory at a time. An expired continue token (410) restarts the list once without paging, as
-        client-go does.
+        is in memory at a time; `decode` may cut items down while parsing (cluster.nodes.decode_list). An
+        expired continue token (410) restarts the list once without paging, as client-go does.
         """
         items: list[Any] = []
         token: str | None = None
         first: JSON | None = None
         while True:
             try:
-                page = self.list(path, limit=page_size, continue_=token, **params)
+                page = self.list(path, limit=page_size, continue_=token, decode=decode, **params)
             except KubeError as exc:
                 if exc.gone and token is not None:
-                    whole = self.list(path, **params)
+                    whole = self.list(path, decode=decode, **params)
                     if transform is not None:
                         whole["items"] = _transformed(whole.get("items") or [], transform)
                     return whole
@@ -811,6 +816,7 @@ class KubeClient:
         *,
         allow_bookmarks: bool = True,
         handle: WatchHandle | None = None,
+        decode: Decode = orjson.loads,
         **params: ParamValue,
     ) -> Iterator[JSON]:
         """Stream watch events `{"type", "object"}` (ADDED, MODIFIED, DELETED, BOOKMARK) as they arrive.
@@ -842,7 +848,7 @@ class KubeClient:
                         response.read()
                         raise KubeError.from_response(response)
                     for line in iter_json_lines(response.iter_bytes()):
-                        event = decode_watch_event(line)
+                        event = decode_watch_event(line, decode)
                         if event["type"] == "ERROR":
                             raise KubeError.from_status(event["object"])
                         yield event

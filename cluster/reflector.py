@@ -13,6 +13,8 @@ exception in it is logged and otherwise ignored.
 
 `transform(obj)` (optional) is applied to every listed and watched object before it is cached (None: the
 object is not kept, as if deleted), so whole objects never accumulate: cluster/nodes.py cuts Nodes down.
+`decoders` (optional) parse list pages and watch lines instead of orjson (cluster/nodes.py: NODE_DECODERS
+skip what the transform never reads while parsing).
 
 Used for Nodes, HorizontalPodAutoscalers, KEDA ScaledObjects and the policy ConfigMap.
 """
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cluster.kubeclient import JSON, KubeClient, KubeError, WatchHandle
+from cluster.kubeclient import JSON, Decode, KubeClient, KubeError, WatchHandle
 
 log = logging.getLogger("gpu_admission.reflector")
 
@@ -82,6 +84,7 @@ class Reflector:
         backoff_max: float = 30.0,
         seed: int | None = None,
         transform: Callable[[Any], JSON | None] | None = None,
+        decoders: tuple[Decode, Decode] | None = None,
     ) -> None:
         if watch_timeout < 1:
             raise ValueError("watch_timeout must be at least 1 second")
@@ -99,6 +102,9 @@ class Reflector:
         self._backoff_max = backoff_max
         self._random = random.Random(seed)
         self._transform = transform
+        # Passed only when set: test doubles of the client need not know the keyword.
+        self._list_decode: dict[str, Any] = {"decode": decoders[0]} if decoders else {}
+        self._watch_decode: dict[str, Any] = {"decode": decoders[1]} if decoders else {}
 
         self._lock = threading.Lock()
         self._items: dict[str, JSON] = {}
@@ -222,6 +228,7 @@ class Reflector:
             label_selector=self._selectors["label_selector"],
             field_selector=self._selectors["field_selector"],
             transform=self._transform,
+            **self._list_decode,
         )
         fresh: dict[str, JSON] = {}
         for item in listed.get("items") or []:
@@ -263,6 +270,7 @@ class Reflector:
             handle=handle,
             label_selector=self._selectors["label_selector"],
             field_selector=self._selectors["field_selector"],
+            **self._watch_decode,
         )
         try:
             for event in stream:

@@ -20,7 +20,7 @@ from typing import Any
 
 from cluster.coalesce import Coalescer
 from cluster.namespaced import IndexSnapshot, NamespacedIndex
-from cluster.nodes import NodeTransform
+from cluster.nodes import NODE_DECODERS, NodeTransform
 from cluster.pods import PodSnapshot, PodView
 from policies import exceptions as exceptions_mod
 from policies import inventory as inventory_mod
@@ -281,6 +281,7 @@ class State:
             name="nodes",
             on_change=changed,
             transform=self.node_transform,
+            decoders=NODE_DECODERS,
             page_size=NODE_PAGE,
         )
         self._node_reflector = refl

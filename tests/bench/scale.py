@@ -31,7 +31,7 @@ import httpx
 import yaml
 
 from cluster.kubeclient import KubeClient, KubeConfig
-from cluster.nodes import NodeTransform
+from cluster.nodes import NodeTransform, decode_list
 from policies import inventory as inventory_mod
 from policies.engine import review
 from tests.bench import clustergen, common, corpus, driver, server
@@ -181,7 +181,7 @@ def run_list(n: int) -> dict[str, Any]:
             gc.collect()
             with gc_paused():  # as the server lists and builds (webhook/state.py: watch_nodes)
                 t0, c0 = time.perf_counter(), time.process_time()
-                listed = client.list_all("/api/v1/nodes", page_size=NODE_PAGE, transform=transform)
+                listed = client.list_all("/api/v1/nodes", page_size=NODE_PAGE, transform=transform, decode=decode_list)
                 t1, c1 = time.perf_counter(), time.process_time()
                 inv = inventory_mod.build(listed["items"], corpus.policy())
                 t2, c2 = time.perf_counter(), time.process_time()
