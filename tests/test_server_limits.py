@@ -254,6 +254,25 @@ def test_slow_headers_slow_bodies_and_silent_connections_are_closed(srv: ServerP
     assert metric(srv, "gpu_admission_connections_closed_total") - before >= 3
 
 
+def test_a_tls_handshake_that_never_completes_is_aborted_after_the_handshake_timeout() -> None:
+    """Connections the protocol never sees (no handshake yet): one silent after connecting, one stalled in
+    the middle of a ClientHello. The loop aborts both after --handshake-timeout (not uvloop's 60 s), and a
+    legitimate review is answered meanwhile."""
+    with server("--handshake-timeout", "2", "--idle-timeout", "60", "--header-timeout", "60") as srv:
+        silent = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        partial = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        partial.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's first bytes
+        t0 = time.monotonic()
+        assert legit_latencies(srv, 2)
+        for sock in (silent, partial):
+            sock.settimeout(15)
+            with contextlib.suppress(ConnectionResetError):  # aborted: the same
+                assert sock.recv(65536) == b""  # closed without a byte (no TLS alert before a ClientHello)
+            sock.close()
+        waited = time.monotonic() - t0
+        assert 1.5 < waited < 8, waited  # the timeout, plus scheduling on a busy machine; never 60 s
+
+
 def test_a_thousand_idle_tls_connections_do_not_starve_the_server() -> None:
     """Under a container's usual 1,024 open files (soft = hard, so the server cannot raise it), 1,000 idle or
     slow-header TLS connections: the least recently active are closed to make room, and every legitimate

@@ -61,6 +61,8 @@ def register(sub: Any) -> None:
                      help="from the end of a request's headers to its last body byte (default 10)")  # fmt: skip
     lim.add_argument("--idle-timeout", type=float, default=ConnectionLimits.idle_timeout, metavar="SECONDS",
                      help="close a connection with no request in progress after this long (default 5)")  # fmt: skip
+    lim.add_argument("--handshake-timeout", type=float, default=ConnectionLimits.handshake_timeout, metavar="SECONDS",
+                     help="from accepting a connection to the end of its TLS handshake (default 5)")  # fmt: skip
     lim.add_argument("--max-connections", type=int, default=0, metavar="N",
                      help="open connections beyond which the least recently active idle one is closed "
                      "(default: the open-file limit minus 128)")  # fmt: skip
@@ -239,7 +241,7 @@ def raise_open_file_limit() -> int:
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
-    for flag in ("max_header_bytes", "header_timeout", "body_timeout", "idle_timeout"):
+    for flag in ("max_header_bytes", "header_timeout", "body_timeout", "idle_timeout", "handshake_timeout"):
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive")
     files = raise_open_file_limit()
@@ -250,6 +252,7 @@ def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
         body_timeout=args.body_timeout,
         idle_timeout=args.idle_timeout,
         max_connections=max_connections,
+        handshake_timeout=args.handshake_timeout,
     )
 
 
@@ -279,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     from policies.protect import DEFAULT_GROUP
     from webhook import audit as audit_mod
     from webhook.app import ServerConfig, create_app, fast_path
-    from webhook.guard import guarded_protocol
+    from webhook.guard import guarded_protocol, handshake_bounded_loop
     from webhook.metrics import Metrics
     from webhook.state import State
 
@@ -353,7 +356,13 @@ def run(args: argparse.Namespace) -> int:
         scanner.start()
     limits = connection_limits(args)
     metrics.describe("gpu_admission_connections_closed_total", "counter", "Connections closed by a limit, by reason")
-    config = uvicorn.Config(
+    loop_factory = handshake_bounded_loop(limits.handshake_timeout)
+
+    class Config(uvicorn.Config):
+        def get_loop_factory(self) -> Any:
+            return loop_factory  # uvloop, with a bound on TLS handshakes
+
+    config = Config(
         fast_path(app),
         host=args.host,
         port=args.port,

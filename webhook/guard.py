@@ -21,6 +21,10 @@ close waits for the peer's close_notify, which an idle client never sends).
 - shutdown: connections with no request in the application are closed at once, and aborted if the TLS
   close has not finished after `close_linger`; busy ones are closed the same way after their response.
 
+A connection whose TLS handshake never completes never reaches the protocol (the loop's TLS layer calls
+`connection_made` after the handshake), so none of the above sees it: `handshake_bounded_loop` makes the
+event loop abort it after `handshake_timeout` (uvloop's default is 60 s).
+
 Limits and their flags: docs/deploy.md, "Limits". Closed connections are counted by reason in
 `gpu_admission_connections_closed_total`.
 
@@ -32,6 +36,7 @@ the server's CPU per review (tests/bench/hardening.py).
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,10 +55,25 @@ class ConnectionLimits:
     idle_timeout: float = 5.0  # also uvicorn's keep-alive timeout
     max_connections: int = 4096
     close_linger: float = 0.5  # seconds a closing TLS connection may wait for the peer before it is aborted
+    handshake_timeout: float = 5.0  # accept to TLS handshake done (an API server on the cluster network: ms)
 
     def sweep_interval(self) -> float:
         """How often expired phases are looked for: a timeout fires up to this much late."""
         return min(1.0, min(self.header_timeout, self.body_timeout, self.idle_timeout) / 4)
+
+
+def handshake_bounded_loop(timeout: float) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A loop factory for uvicorn (`Config.get_loop_factory`): uvloop whose TLS servers abort a handshake still
+    unfinished after `timeout` seconds (uvicorn passes no ssl_handshake_timeout to create_server)."""
+    import uvloop  # uvicorn's loop: imported by `serve` only
+
+    class HandshakeBoundedLoop(uvloop.Loop):
+        async def create_server(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("ssl") is not None:
+                kwargs.setdefault("ssl_handshake_timeout", timeout)
+            return await super().create_server(*args, **kwargs)
+
+    return HandshakeBoundedLoop
 
 
 def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] | None = None) -> type[Any]:
