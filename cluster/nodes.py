@@ -188,7 +188,7 @@ _UNEXPECTED = (msgspec.ValidationError, msgspec.DecodeError, RecursionError)
 NODE_EVENTS = ("ADDED", "MODIFIED", "DELETED")  # other types (BOOKMARK, ERROR) are decoded whole
 
 
-def decode_list(data: bytes) -> Any:
+def decode_list(data: bytes | memoryview) -> Any:
     """A NodeList page as {"metadata", "items"} with each item cut down to what the transform reads."""
     try:
         page = _LIST.decode(data)

@@ -78,6 +78,7 @@ class ServerProcess:
         env: Any = None,
         port: int | None = None,
         nofile: int | None = None,
+        ready_timeout: float = 20.0,
     ):
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-srv-"))
         self.tls = tls_dir or make_certs(self.tmp / "tls")
@@ -112,7 +113,7 @@ class ServerProcess:
         )
         self.url = f"https://127.0.0.1:{self.port}"
         self.ca = str(self.tls / "ca-bundle.crt")
-        self.wait_ready()
+        self.wait_ready(ready_timeout)
 
     def client(self, **kw: Any) -> httpx.Client:
         verify = ssl.create_default_context(cafile=self.ca)

@@ -309,10 +309,11 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:
             raise UsageError(f"policy {args.policy}: {exc}") from None
     if args.nodes:
-        from webhook.manifests import ManifestError, load_objects
+        from webhook.manifests import ManifestError
+        from webhook.nodefile import load_node_file
 
         try:
-            state.set_nodes(load_objects([args.nodes]), f"file:{args.nodes}")
+            state.set_nodes(load_node_file(args.nodes), f"file:{args.nodes}")
         except ManifestError as exc:
             raise UsageError(f"nodes: {exc}") from None
     client = None

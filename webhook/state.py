@@ -126,7 +126,8 @@ class State:
         log.error("policy rejected, keeping the last good one", extra={"error": error, "source": source})
 
     def set_nodes(self, nodes: list[dict[str, Any]], source: str, synced: bool = True) -> None:
-        """A whole new set of Node objects (a nodes file; the first list of the watch)."""
+        """A whole new set of Node objects (a nodes file), cut down like the watch's."""
+        nodes = [slim for slim in map(self.node_transform, nodes) if slim is not None]
         with self._lock:
             self._nodes = nodes
             inv = _build(nodes, self._snap.policy)

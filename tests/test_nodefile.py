@@ -1,0 +1,103 @@
+"""`serve --nodes FILE` (webhook/nodefile.py): a JSON NodeList is decoded cut down and gives the inventory
+the manifest loader's whole objects give; other files go through the manifest loader; bad files are one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from cluster.nodes import NodeTransform
+from policies.document import default_policy
+from tests.bench import clustergen
+from tests.serverproc import ServerProcess
+from tests.test_node_watch import hostile
+from tests.test_nodeindex import summary
+from webhook import nodefile
+from webhook.manifests import Limits, ManifestError, load_objects
+from webhook.state import State
+
+NODES = [clustergen.node(i, heavy=True) for i in range(0, 640, 20)]
+
+
+def inventory_of(objs: list[Any]) -> dict[str, Any]:
+    state = State(default_policy())
+    state.set_nodes(objs, "test")
+    return summary(state.snapshot().inventory)
+
+
+def test_a_json_node_list_is_cut_down_to_the_inventory_of_whole_objects(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.json"
+    path.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "NodeList", "items": NODES}))
+    items = nodefile.load_node_file(str(path))
+    assert len(items) == len(NODES) and all("images" not in str(item) for item in items)  # never built
+    assert inventory_of(items) == inventory_of(load_objects([str(path)], Limits(max_bytes=2**30)))
+
+
+def test_hostile_nodes_in_a_node_list_are_judged_as_the_watch_judges_them(tmp_path: Path) -> None:
+    page = {"kind": "NodeList", "items": [*NODES[:8], *hostile()]}
+    path = tmp_path / "nodes.json"
+    path.write_bytes(orjson.dumps(page))
+    cut, whole = NodeTransform(), NodeTransform()
+    assert [cut(n) for n in nodefile.load_node_file(str(path))] == [
+        whole(n) for n in orjson.loads(path.read_bytes())["items"]
+    ]
+    assert cut.snapshot() == whole.snapshot() and cut.snapshot()["too-many-labels"] == 1
+
+
+@pytest.mark.parametrize("kind", ["yaml", "one-json-node"])
+def test_other_files_go_through_the_manifest_loader(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "nodes"
+    if kind == "yaml":
+        path.write_text(yaml.safe_dump_all(NODES[:3]))
+    else:
+        path.write_bytes(orjson.dumps(NODES[0]))
+    assert nodefile.load_node_file(str(path)) == load_objects([str(path)])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"items": [', "invalid JSON"),
+        (b'{"items": ' + b"[" * 5000 + b"]" * 5000 + b"}", "invalid JSON"),
+        (orjson.dumps({"kind": "NodeList", "items": [clustergen.node(i) for i in range(4)]}), "more than 3 nodes"),
+    ],
+)
+def test_bad_node_files_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes, message: str
+) -> None:
+    monkeypatch.setattr(nodefile, "MAX_NODES", 3)
+    path = tmp_path / "nodes.json"
+    path.write_bytes(content)
+    with pytest.raises(ManifestError) as info:
+        nodefile.load_node_file(str(path))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="No such file"):
+        nodefile.load_node_file(str(tmp_path / "nope.json"))
+
+
+def test_set_nodes_keeps_only_the_cut_down_objects() -> None:
+    state = State(default_policy())
+    state.set_nodes([*NODES[:4], "not a node"], "test")
+    kept = list(state._node_objects())
+    assert len(kept) == 4 and all(set(n["metadata"]) <= {"name", "labels", "resourceVersion"} for n in kept)
+    assert state.node_transform.snapshot() == {"not-an-object": 1}
+
+
+def test_serve_builds_its_inventory_from_a_json_node_list(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.json"
+    path.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "NodeList", "items": NODES}))
+    srv = ServerProcess(nodes=path)
+    try:
+        with srv.client() as c:
+            ready = c.get("/readyz").json()
+    finally:
+        srv.stop()
+    inv = ready.get("details", ready)["inventory"]
+    assert inv["source"] == f"file:{path}" and inv["gpuNodes"] == len(inventory_of(NODES)["nodes"])
