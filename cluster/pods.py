@@ -4,6 +4,11 @@ Only what placement needs is kept per pod (`PodEntry`: node, GPU requests per re
 every change costs O(1): the pod's old entry is taken out of the per-node and per-job counts and its new one
 put in. Pods that ended (Succeeded, Failed) or were deleted free their GPUs; an unbound pod holds none yet.
 
+Memory: a cluster of 50,000 nodes runs hundreds of thousands of pods. `PodView.transform` is the pod
+Reflector's transform: a pod without GPUs is not kept at all, and a GPU pod is cached as its `PodEntry`
+(~100 bytes with its key and resourceVersion; strings shared across pods are interned: nodes, jobs,
+phases, the GPU requests) instead of its object (~3 KB cut down, 5-10 KB whole).
+
 Readers get an immutable `PodSnapshot`, built at most once per change of the view (on the first read after
 it), so a review never walks the pods. What a pod's GPUs and job are is the caller's to say (`read`): this
 layer knows no GPU resource names or job labels (those are policies/'s). A pod `read` cannot make sense
@@ -12,23 +17,26 @@ of is skipped and counted, never raised.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from cluster.reflector import Change
+from cluster.reflector import Change, object_key
 
 TERMINATED = frozenset({"Succeeded", "Failed"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodEntry:
     node: str  # "" while unbound
-    gpus: Mapping[str, int]  # resource -> units requested by the pod (only GPU resources, only non-zero)
+    gpus: tuple[tuple[str, int], ...]  # (resource, units requested by the pod): GPU resources, non-zero only
     job: str | None  # job identity (namespace included), None for a pod of no job
     phase: str = ""
+    key: str = ""  # namespace/name (the Reflector's key, the same string)
+    version: str | None = None  # metadata.resourceVersion (the Reflector compares it on a relist)
 
     @property
     def holding(self) -> bool:
@@ -61,42 +69,46 @@ class PodSnapshot:
 
 
 def entry(obj: Any, read: Reader) -> PodEntry | None:
-    """The entry of one pod object; None when it asks for no GPU. Raises ValueError on garbage."""
+    """The entry of one pod object; None when it asks for no GPU. Raises ValueError on garbage (TypeError and
+    AttributeError from `read` too)."""
     if not isinstance(obj, dict):
         raise ValueError("pod is not an object")
     spec = obj.get("spec")
     status = obj.get("status") or {}
     if not isinstance(spec, dict) or not isinstance(status, dict):
         raise ValueError("pod spec or status is not an object")
-    gpus, job = read(obj)
-    gpus = {r: int(n) for r, n in gpus.items() if n}
+    units, job = read(obj)
+    gpus = _shared(tuple(sorted((r, int(n)) for r, n in units.items() if n)))
     if not gpus:
         return None
     node = spec.get("nodeName") or ""
     phase = status.get("phase") or ""
     if not isinstance(node, str) or not isinstance(phase, str):
         raise ValueError("pod nodeName or phase is not a string")
-    return PodEntry(node, MappingProxyType(gpus), job, phase)
-
-
-def slim(obj: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a pod object the view reads (a Reflector transform: the cache keeps no more)."""
     meta = obj.get("metadata")
-    spec = obj.get("spec")
-    status = obj.get("status")
-    if not isinstance(meta, dict) or not isinstance(spec, dict):
-        return obj  # garbage stays garbage: `entry` counts it
-    out_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
-    for key in ("containers", "initContainers"):
-        items = spec.get(key)
-        if isinstance(items, list):
-            out_spec[key] = [{"resources": c.get("resources")} if isinstance(c, dict) else c for c in items]
-    keep = ("name", "namespace", "resourceVersion", "labels")
-    return {
-        "metadata": {k: meta[k] for k in keep if k in meta},
-        "spec": out_spec,
-        "status": {"phase": status.get("phase")} if isinstance(status, dict) else {},
-    }
+    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return PodEntry(
+        sys.intern(node),
+        gpus,
+        sys.intern(job) if isinstance(job, str) else job,
+        sys.intern(phase),
+        object_key(obj) if isinstance(meta, dict) else "",
+        str(rv) if rv else None,
+    )
+
+
+_GPUS: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
+MAX_SHARED_GPUS = 4096  # distinct GPU requests kept shared (a cluster has a few dozen: 1, 2, 4, 8 of a few kinds)
+
+
+def _shared(gpus: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """One tuple object per distinct request (what sys.intern does for strings), up to MAX_SHARED_GPUS."""
+    hit = _GPUS.get(gpus)
+    if hit is not None:
+        return hit
+    if len(_GPUS) < MAX_SHARED_GPUS:
+        _GPUS[gpus] = gpus
+    return gpus
 
 
 class PodView:
@@ -117,21 +129,29 @@ class PodView:
 
     # -- updates ------------------------------------------------------------------------------------------
 
+    def transform(self, obj: Any) -> PodEntry | None:
+        """The pod Reflector's transform: a GPU pod's entry is all its cache keeps; None for a pod without
+        GPUs (never cached) and for garbage (counted; the Reflector then forgets the key, like a deletion)."""
+        try:
+            return entry(obj, self._read)
+        except (ValueError, TypeError, AttributeError):
+            with self._lock:
+                self.skipped += 1
+                self._version += 1
+            return None
+
     def apply(self, change: Change) -> None:
+        """One change of a pod object, or of its entry (a Reflector with `transform`)."""
         if change.type == "SYNCED":
             with self._lock:
                 self._synced = True
                 self._version += 1
             return
         new: PodEntry | None = None
-        if change.new is not None:
-            try:
-                new = entry(change.new, self._read)
-            except (ValueError, TypeError, AttributeError):
-                with self._lock:
-                    self.skipped += 1
-                    self._version += 1
-                new = None  # garbage: forget what we knew of this key, like a deletion
+        if isinstance(change.new, PodEntry):
+            new = change.new
+        elif change.new is not None:
+            new = self.transform(change.new)  # garbage: forget what we knew of this key, like a deletion
         with self._lock:
             old = self._entries.pop(change.key, None)
             if old is not None:
@@ -155,7 +175,7 @@ class PodView:
         if not e.holding:
             return
         per = self._used.setdefault(e.node, {})
-        for resource, n in e.gpus.items():
+        for resource, n in e.gpus:
             left = per.get(resource, 0) + sign * n
             if left:
                 per[resource] = left

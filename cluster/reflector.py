@@ -14,7 +14,9 @@ exception in it is logged and otherwise ignored.
 `transform(obj)` (optional) is applied to every listed and watched object before it is cached (None: the
 object is not kept, as if deleted), so whole objects never accumulate: cluster/nodes.py cuts Nodes down.
 `decoders` (optional) parse list pages and watch lines instead of orjson (cluster/nodes.py: NODE_DECODERS
-skip what the transform never reads while parsing).
+skip what the transform never reads while parsing). A transform may return compact records instead of
+objects (cluster/pods.py: one small record per GPU pod); `key_of` and `version_of` then read their key and
+resourceVersion.
 
 Used for Nodes, HorizontalPodAutoscalers, KEDA ScaledObjects and the policy ConfigMap.
 """
@@ -83,8 +85,10 @@ class Reflector:
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         seed: int | None = None,
-        transform: Callable[[Any], JSON | None] | None = None,
+        transform: Callable[[Any], Any] | None = None,
         decoders: tuple[Decode, Decode] | None = None,
+        key_of: Callable[[Any], str] = object_key,
+        version_of: Callable[[Any], str | None] = _resource_version,
     ) -> None:
         if watch_timeout < 1:
             raise ValueError("watch_timeout must be at least 1 second")
@@ -102,6 +106,8 @@ class Reflector:
         self._backoff_max = backoff_max
         self._random = random.Random(seed)
         self._transform = transform
+        self._key_of = key_of
+        self._version_of = version_of
         # Passed only when set: test doubles of the client need not know the keyword.
         self._list_decode: dict[str, Any] = {"decode": decoders[0]} if decoders else {}
         self._watch_decode: dict[str, Any] = {"decode": decoders[1]} if decoders else {}
@@ -230,10 +236,10 @@ class Reflector:
             transform=self._transform,
             **self._list_decode,
         )
-        fresh: dict[str, JSON] = {}
+        fresh: dict[str, Any] = {}
         for item in listed.get("items") or []:
-            if isinstance(item, dict):
-                fresh[object_key(item)] = item
+            if isinstance(item, dict) or (item is not None and self._transform is not None):
+                fresh[self._key_of(item)] = item
         rv = (listed.get("metadata") or {}).get("resourceVersion")
         with self._lock:
             old = self._items
@@ -246,7 +252,7 @@ class Reflector:
             before = old.get(key)
             if before is None:
                 changes.append(Change("ADDED", key, None, obj))
-            elif _differs(before, obj):
+            elif self._differs(before, obj):
                 changes.append(Change("MODIFIED", key, before, obj))
         changes += [Change("DELETED", key, obj, None) for key, obj in old.items() if key not in fresh]
         self._synced.set()
@@ -318,6 +324,12 @@ class Reflector:
         if change is not None:
             self._emit(change)
 
+    def _differs(self, a: Any, b: Any) -> bool:
+        rv_a, rv_b = self._version_of(a), self._version_of(b)
+        if rv_a and rv_b:
+            return rv_a != rv_b
+        return bool(a != b)
+
     def _emit(self, change: Change) -> None:
         if self._on_change is None:
             return
@@ -325,10 +337,3 @@ class Reflector:
             self._on_change(change)
         except Exception:
             log.exception("%s: on_change callback failed for %s %s", self.name, change.type, change.key)
-
-
-def _differs(a: JSON, b: JSON) -> bool:
-    rv_a, rv_b = _resource_version(a), _resource_version(b)
-    if rv_a and rv_b:
-        return rv_a != rv_b
-    return a != b

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster.pods import PodView, slim
+from cluster.pods import PodView
 from cluster.reflector import Change
 from policies import inventory as inventory_mod
 from policies import placement
@@ -320,11 +320,17 @@ def test_pod_view_snapshot_is_rebuilt_only_after_a_change() -> None:
     assert view.snapshot() is not first and view.snapshot().version > first.version
 
 
-def test_slim_keeps_what_the_view_reads() -> None:
-    p = bound_pod("a", "h100-big-1", 4, job_name="j")
-    p["spec"]["containers"][0]["env"] = [{"name": "X", "value": "y" * 1000}]
-    p["metadata"]["annotations"] = {"big": "z" * 1000}
-    assert pod_facts(slim(p)) == pod_facts(p) and "env" not in str(slim(p))
+def test_a_view_fed_entries_counts_what_a_view_fed_objects_counts() -> None:
+    """The Reflector hands the view PodEntries (its transform); `check --pods` and tests hand it objects."""
+    pods = [bound_pod("a", "h100-big-1", 4, job_name="j"), bound_pod("b", "", 8), bound_pod("c", "h100-big-2", 2)]
+    pods[0]["spec"]["containers"][0]["env"] = [{"name": "X", "value": "y" * 1000}]
+    by_object, by_entry = PodView(pod_facts), PodView(pod_facts)
+    for p in pods:
+        key = f"ml-research/{p['metadata']['name']}"
+        by_object.apply(Change("ADDED", key, None, p))
+        by_entry.apply(Change("ADDED", key, None, by_entry.transform(p)))
+    a, b = by_object.snapshot(), by_entry.snapshot()
+    assert (a.used, a.jobs, a.pods) == (b.used, b.jobs, b.pods) and b.pods == 3
 
 
 # --- reservations ------------------------------------------------------------------------------------------------

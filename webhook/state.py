@@ -21,7 +21,7 @@ from typing import Any
 from cluster.coalesce import Coalescer
 from cluster.namespaced import IndexSnapshot, NamespacedIndex
 from cluster.nodes import NODE_DECODERS, NodeTransform
-from cluster.pods import PodSnapshot, PodView
+from cluster.pods import PodEntry, PodSnapshot, PodView
 from policies import exceptions as exceptions_mod
 from policies import inventory as inventory_mod
 from policies.document import MAX_POLICY_BYTES, Policy, PolicyError, default_policy, parse_policy_text
@@ -310,7 +310,6 @@ class State:
 
     def watch_pods(self, client: Any) -> Any:
         """Keep the pod view current from a Pod list + watch over all namespaces (read-only)."""
-        from cluster.pods import slim
         from cluster.reflector import Reflector
 
         view = PodView(pod_facts, on_bound=self.reservations.bound)
@@ -321,7 +320,9 @@ class State:
             name="pods",
             on_change=view.apply,
             field_selector="status.phase!=Succeeded,status.phase!=Failed",
-            transform=slim,
+            transform=view.transform,  # the cache keeps one small PodEntry per GPU pod, nothing of the others
+            key_of=_entry_key,
+            version_of=_entry_version,
         )
         self.pods, self.pods_source = view, "watch:pods"
         self._reflectors.append(refl.start())
@@ -426,6 +427,14 @@ class State:
             r.stop(timeout=1.0)
         if self.node_batches is not None:
             self.node_batches.stop()
+
+
+def _entry_key(e: PodEntry) -> str:
+    return e.key
+
+
+def _entry_version(e: PodEntry) -> str | None:
+    return e.version
 
 
 def _build(nodes: Iterable[dict[str, Any]], policy: Policy) -> Inventory:

@@ -1,0 +1,93 @@
+"""The pod view fed by a real list + watch (over HTTPS from tests/test_kubeclient's scripted API server) as
+`serve` runs it: the Reflector caches one small PodEntry per GPU pod and nothing of pods without GPUs,
+garbage is counted and forgotten, and the view's counts follow binds, ends and deletions."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+from cluster.pods import PodEntry, PodView
+from policies.subject import pod_facts
+from tests.test_kubeclient import KubeTestServer, Recorded, Reply, Stream, api, client_for, event_line, tls_dir  # noqa: F401  (the scripted API server's fixtures)
+from tests.test_node_watch import wait_for
+from tests.test_placement import bound_pod
+from webhook.state import State
+
+
+def pod(name: str, node: str, gpus: int, rv: str, job: str | None = None) -> dict[str, Any]:
+    p = bound_pod(name, node, gpus, job_name=job)
+    p["metadata"]["resourceVersion"] = rv
+    p["spec"]["containers"][0]["env"] = [{"name": "X", "value": "y" * 1000}]  # what the cache must not keep
+    if not gpus:
+        p["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    return p
+
+
+LISTED = [
+    pod("w0", "h100-1", 8, "5", job="j"),
+    pod("w1", "", 8, "6", job="j"),  # pending
+    pod("cpu", "h100-1", 0, "7"),
+    {"metadata": {"name": "bad", "namespace": "ml-research"}, "spec": "garbage"},
+]
+
+
+class Script:
+    def __init__(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        self.events, self.watched = events, 0
+
+    def __call__(self, r: Recorded) -> Reply | Stream | None:
+        if r.path != "/api/v1/pods":
+            return None
+        if r.query.get("watch") != "true":
+            return Reply(200, {"kind": "PodList", "items": LISTED, "metadata": {"resourceVersion": "10"}})
+        self.watched += 1
+        if self.watched == 1:
+            return Stream([0.2, *(event_line(kind, obj) for kind, obj in self.events)], hold_open=True)
+        return Stream([], hold_open=True)
+
+
+def test_the_pod_cache_keeps_entries_of_gpu_pods_only_and_the_view_follows_the_watch(
+    api: KubeTestServer,  # noqa: F811
+    tls_dir: Path,  # noqa: F811
+) -> None:
+    bound = pod("w1", "h100-2", 8, "11", job="j")
+    done = copy.deepcopy(LISTED[0])
+    done["status"]["phase"], done["metadata"]["resourceVersion"] = "Succeeded", "12"
+    events = [("MODIFIED", bound), ("ADDED", pod("cpu2", "h100-2", 0, "13")), ("MODIFIED", done)]
+    api.route(Script(events))
+    state = State()
+    with client_for(api, tls_dir) as client:
+        refl = state.watch_pods(client)
+        try:
+            assert refl.wait_synced(20)
+            view = state.pods
+            assert view is not None
+            cached = refl.snapshot()
+            assert sorted(cached) == ["ml-research/w0", "ml-research/w1"]  # no CPU pod, no garbage
+            w0 = cached["ml-research/w0"]
+            assert w0 == PodEntry("h100-1", (("nvidia.com/gpu", 8),), "ml-research/batch.kubernetes.io/job-name=j",
+                                  "Running", "ml-research/w0", "5")  # fmt: skip
+            assert w0.gpus is cached["ml-research/w1"].gpus  # one tuple per distinct request
+            assert w0.job is sys.intern(str(w0.job)) and w0.node is sys.intern("h100-1")
+            wait_for(lambda: view.snapshot().used_of("nvidia.com/gpu") == {"h100-2": 8})  # w0 ended, w1 bound
+            snap = view.snapshot()
+            assert snap.pods == 2 and snap.skipped == 1
+            assert dict(snap.jobs) == {"ml-research/batch.kubernetes.io/job-name=j": {"h100-2": 1}}
+        finally:
+            state.stop()
+
+
+def test_transform_counts_garbage_and_skips_pods_without_gpus() -> None:
+    view = PodView(pod_facts)
+    assert view.transform(pod("cpu", "n", 0, "1")) is None and view.snapshot().skipped == 0
+    assert view.transform("not a pod") is None and view.snapshot().skipped == 1
+    e = view.transform(pod("a", "n", 2, "9"))
+    assert e is not None and (e.key, e.version, e.gpus, e.holding) == (
+        "ml-research/a",
+        "9",
+        (("nvidia.com/gpu", 2),),
+        True,
+    )
