@@ -246,6 +246,10 @@ class Inventory:
     nvlink_key: str | None = None  # an NVLink-domain key on some GPU node, even when not a level
     level_setting: tuple[str, ...] = ()  # the policy's topology.levels this version was built for
     level_warnings: tuple[str, ...] = ()  # the levels' own warnings (also in warnings)
+    # The same object from version to version while no node came or went and nothing the levels read changed
+    # (names, slots, level labels, whole-card GPUs): answers derived from those alone (placement's grouping
+    # of candidates by domain) may be reused across heartbeats and label changes elsewhere.
+    topology_epoch: object = field(default_factory=object, compare=False)
     # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
     # changes (a node event makes a new one, which starts empty).
     _candidates: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -575,7 +579,7 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         old = index.node(slot) if slot is not None else None
         if n is not None:
             n = changes[key] = _with_rack(n, rack)
-        levels_touched = levels_touched or _level_facts(old, level_keys) != _level_facts(n, level_keys)
+        levels_touched = levels_touched or not _same_level_facts(old, n, level_keys)
         if old is not None and n is not None and _counted(old) == _counted(n):
             continue  # the usual status update: nothing the totals count has changed
         removed += [old] if old is not None else []
@@ -602,6 +606,7 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         level_warnings = tuple(found_warnings)
         nvlink_key = next((k for k in topology.NVLINK_KEYS if _labelled(index, k)), None)
     same_levels = levels is inv.levels
+    epoch = inv.topology_epoch if not levels_touched and rack == inv.rack_label else object()
     return Inventory(
         index=index,
         totals=totals,
@@ -620,6 +625,7 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         nvlink_key=nvlink_key,
         level_setting=inv.level_setting,
         level_warnings=level_warnings,
+        topology_epoch=epoch,
     )
 
 
@@ -705,6 +711,12 @@ def _level_facts(n: GpuNode | None, keys: tuple[str, ...]) -> tuple[Any, ...] | 
     if n is None:
         return None
     return (n.whole_card, n.whole_gpus, *(n.labels.get(k) for k in keys))
+
+
+def _same_level_facts(old: GpuNode | None, new: GpuNode | None, keys: tuple[str, ...]) -> bool:
+    if old is not None and new is not None and old.labels == new.labels:  # heartbeats: one C comparison
+        return old.whole_card == new.whole_card and old.whole_gpus == new.whole_gpus
+    return _level_facts(old, keys) == _level_facts(new, keys)
 
 
 def _counted(n: GpuNode) -> tuple[Any, ...]:

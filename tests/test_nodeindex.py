@@ -166,12 +166,14 @@ def test_a_label_no_level_reads_keeps_the_levels_of_the_previous_version() -> No
     obj["metadata"]["labels"]["gpu-admission.example/health"] = "degraded"
     after = inv.apply({obj["metadata"]["name"]: inventory_mod.node_from_object(obj, policy.pools)})
     assert after.levels is inv.levels and after.level_warnings is inv.level_warnings
+    assert after.topology_epoch is inv.topology_epoch
     obj = clustergen.node(17, generation=2)  # a new object: the inventory keeps the old one's labels
     obj["metadata"]["labels"]["topology.kubernetes.io/zone"] = "zone-9"
     moved = after.apply({obj["metadata"]["name"]: inventory_mod.node_from_object(obj, policy.pools)})
     # Its rack now spans two zones: the zone level no longer nests and is dropped.
     assert [lv.key for lv in after.levels] == ["topology.kubernetes.io/rack", "topology.kubernetes.io/zone"]
     assert [lv.key for lv in moved.levels] == ["topology.kubernetes.io/rack"]
+    assert moved.topology_epoch is not after.topology_epoch
 
 
 def test_a_node_updated_without_label_changes_touches_no_label_posting() -> None:

@@ -266,6 +266,29 @@ def test_bare_pods_of_one_job_all_get_the_rack_chosen_for_the_first() -> None:
     assert racks == [["rack-small"], ["rack-small"]]
 
 
+def test_a_placement_is_reused_across_heartbeats_and_redone_when_a_rack_changes() -> None:
+    """The decision is memoised per topology epoch (a storm of heartbeats makes a version per batch and
+    grouping is O(candidates)); a version that moves a node to another rack starts a new epoch."""
+    cap, pol = capacity(), default_policy()
+    ctx = ReviewContext(namespace="ml-research", capacity=cap)
+    first = review(job("j", 2, 8), policy=pol, inventory=INV, ctx=ctx).placement
+
+    def changed(name: str, rack: str) -> inventory_mod.Inventory:
+        obj = copy.deepcopy(next(n for n in NODES if n["metadata"]["name"] == name))
+        obj["metadata"]["labels"][RACK] = rack
+        obj["metadata"]["labels"]["health"] = "ok"  # a label no level reads
+        return INV.apply({name: inventory_mod.node_from_object(obj, pol.pools)})
+
+    beat = changed("h100-small-1", "rack-small")
+    assert beat.topology_epoch is INV.topology_epoch and beat is not INV
+    assert review(job("j", 2, 8), policy=pol, inventory=beat, ctx=ctx).placement == first
+    moved = changed("h100-small-1", "rack-big")  # rack-small keeps one node: it can no longer hold 2 x 8
+    assert moved.topology_epoch is not INV.topology_epoch
+    again = review(job("j", 2, 8), policy=pol, inventory=moved, ctx=ctx).placement
+    assert first is not None and again is not None
+    assert (first.domain, again.domain) == ("rack-small", "rack-big")
+
+
 # --- the pod view ------------------------------------------------------------------------------------------------
 
 
