@@ -3,6 +3,8 @@
 `python -m tests.bench.fakeapi --nodes 50000 --port 18080` serves:
 - GET /api/v1/nodes?limit=&continue= : pages of clustergen's heavy Node objects (each ~20 KB as a kubelet
   writes them), generated page by page;
+- GET /api/v1/pods?limit=&continue= : pages of `--pods` GPU pods (`pod(i)`: one GPU each on a GPU node, 8 to
+  a job; ~1 KB as the API server sends a small pod), for the pod view's memory;
 - GET /api/v1/nodes?watch=true : MODIFIED events at the storm rate (0 until set), one in ten changing a
   label (a health label flipping), the rest heartbeat-like (new resourceVersion and conditions, same labels);
 - GET /_storm?rate=N : set the storm rate (events per second on each node watch);
@@ -32,8 +34,10 @@ EVENT_POOL = 2000  # distinct pre-serialised events cycled through (serialising 
 
 
 class Cluster:
-    def __init__(self, nodes: int, seed: int = 7) -> None:
+    def __init__(self, nodes: int, seed: int = 7, pods: int = 0) -> None:
         self.nodes = nodes
+        self.pods = pods
+        self.gpu_nodes = [i for i in range(nodes) if clustergen.rack_kind(i // clustergen.PER_RACK) != "cpu"]
         self.rate = 0.0
         self.sent = 0
         self.lock = threading.Lock()
@@ -54,6 +58,41 @@ class Cluster:
             meta["continue"] = str(end)
         items = [clustergen.node(i, heavy=True) for i in range(start, end)]
         return orjson.dumps({"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items})
+
+    def pod_page(self, start: int, limit: int) -> bytes:
+        end = min(self.pods, start + limit)
+        meta: dict[str, Any] = {"resourceVersion": "1000"}
+        if end < self.pods:
+            meta["continue"] = str(end)
+        items = [self.pod(i) for i in range(start, end)]
+        return orjson.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": items})
+
+    def pod(self, i: int) -> dict[str, Any]:
+        node = clustergen.node(self.gpu_nodes[i % len(self.gpu_nodes)])["metadata"]["name"]
+        job = f"train-{i // 8:06d}"
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{job}-worker-{i % 8}",
+                "namespace": f"team-{i % 50:02d}",
+                "uid": f"00000000-0000-4000-9000-{i:012d}",
+                "resourceVersion": str(2_000_000 + i),
+                "labels": {"batch.kubernetes.io/job-name": job, "app": "trainer"},
+            },
+            "spec": {
+                "nodeName": node,
+                "schedulerName": "default-scheduler",
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": "nvcr.io/nvidia/pytorch:24.08-py3",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+                    }
+                ],
+            },
+            "status": {"phase": "Running", "podIP": f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"},
+        }
 
 
 def handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
@@ -83,6 +122,9 @@ def handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
             if url.path == "/api/v1/nodes":
                 start = int(q.get("continue") or 0)
                 return self._send(cluster.page(start, int(q.get("limit") or cluster.nodes)))
+            if url.path == "/api/v1/pods" and cluster.pods:
+                start = int(q.get("continue") or 0)
+                return self._send(cluster.pod_page(start, int(q.get("limit") or cluster.pods)))
             return self._send(orjson.dumps({"kind": "List", "metadata": {"resourceVersion": "1000"}, "items": []}))
 
         def _watch(self, path: str, timeout: float) -> None:
@@ -120,9 +162,10 @@ def handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m tests.bench.fakeapi", description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=50_000)
+    ap.add_argument("--pods", type=int, default=0)
     ap.add_argument("--port", type=int, required=True)
     ns = ap.parse_args()
-    cluster = Cluster(ns.nodes)
+    cluster = Cluster(ns.nodes, pods=ns.pods)
     httpd = ThreadingHTTPServer(("127.0.0.1", ns.port), handler(cluster))
     httpd.daemon_threads = True
     print("ready", flush=True)

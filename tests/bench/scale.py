@@ -10,6 +10,9 @@ single, time-sliced L4, A100 and CPU racks). Parts, each printed and written to 
   evaluated afresh for the new version);
 - list: the first list of 50k heavy Node objects (~20 KB each, as kubelets write them) from a fake API server
   process over HTTP (tests/bench/fakeapi.py), cut down page by page, then the inventory built from them;
+- node_file: `serve --nodes FILE` with a JSON NodeList of 50k heavy Nodes (700 MB): ready time, peak and
+  settled RSS;
+- memory: a real `serve` watching those nodes and 500k GPU pods (fakeapi's pods): RSS once both are synced;
 - server: a real `gpu-admission serve` watching that fake API server: time to ready, RSS with the full
   inventory, then admission p99 at 500 reviews/s (the server benchmark's mix over TLS, Go loadgen, open loop)
   without and with a storm of 1,000 Node updates/s, and the server's CPU during a storm with no admission load.
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import yaml
 
 from cluster.kubeclient import KubeClient, KubeConfig
@@ -47,6 +51,7 @@ TARGET_LIST_S = 5.0
 TARGET_RSS_MIB = 250.0
 TARGET_P99_MS = 5.0
 STORM_RATE = 1000.0
+PODS = 500_000
 REVIEW_RATE = 500
 
 
@@ -134,11 +139,21 @@ def run_events(n: int, per_kind: int) -> dict[str, Any]:
 class FakeApi:
     """tests/bench/fakeapi.py in its own process."""
 
-    def __init__(self, nodes: int) -> None:
+    def __init__(self, nodes: int, pods: int = 0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.fakeapi", "--nodes", str(nodes), "--port", str(self.port)],
+            [
+                sys.executable,
+                "-m",
+                "tests.bench.fakeapi",
+                "--nodes",
+                str(nodes),
+                "--pods",
+                str(pods),
+                "--port",
+                str(self.port),
+            ],
             stdout=subprocess.PIPE,
             cwd=ROOT,
         )
@@ -207,6 +222,45 @@ def run_list(n: int) -> dict[str, Any]:
         api.stop()
 
 
+def run_node_file(n: int) -> dict[str, Any]:
+    """`serve --nodes FILE` with a `kubectl get nodes -o json` of n heavy Nodes: start to ready, peak and
+    settled RSS (webhook/nodefile.py maps the file and decodes it cut down, like the watch)."""
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-nodefile-"))
+    try:
+        path = tmp / "nodes.json"
+        with path.open("wb") as f:  # page by page: the bench itself never holds 700 MB of objects
+            f.write(b'{"apiVersion":"v1","kind":"NodeList","metadata":{},"items":[')
+            for start in range(0, n, 1000):
+                items = [clustergen.node(i, heavy=True) for i in range(start, min(n, start + 1000))]
+                f.write((b"," if start else b"") + b",".join(map(orjson.dumps, items)))
+            f.write(b"]}")
+        size_mb = path.stat().st_size / 1e6
+        t0 = time.monotonic()
+        srv = ServerProcess(nodes=path, ready_timeout=600)
+        try:
+            ready_s = time.monotonic() - t0
+            time.sleep(2.0)
+            status = {k: common.rnd(v / 1024, 1) for k, v in _proc_status(srv.proc.pid).items()}
+        finally:
+            server.stop(srv)
+        out = {"nodes": n, "file_mb": common.rnd(size_mb, 1), "ready_s": common.rnd(ready_s, 2),
+               "peak_rss_mib": status["VmHWM"], "rss_mib": status["VmRSS"], "loadavg": common.loadavg()}  # fmt: skip
+        common.say(
+            f"  serve --nodes FILE ({out['file_mb']} MB JSON): ready in {out['ready_s']} s, peak RSS "
+            f"{out['peak_rss_mib']} MiB, then {out['rss_mib']} MiB (load {out['loadavg'][0]})"
+        )
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    """VmHWM and VmRSS of a process, KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = (line.split() for line in f)
+        return {row[0].rstrip(":"): int(row[1]) for row in fields if row and row[0] in ("VmHWM:", "VmRSS:")}
+
+
 def _node_metrics(srv: ServerProcess) -> dict[str, float]:
     out = server.metric(srv, "gpu_admission_node_events_total")
     out["apply_seconds"] = server.metric(srv, "gpu_admission_node_batch_seconds_total").get("", 0.0)
@@ -243,6 +297,48 @@ def _storm_window(api: FakeApi, srv: ServerProcess, seconds: float) -> dict[str,
         "apply_cpu_share": common.rnd((m1["apply_seconds"] - m0["apply_seconds"]) / wall, 3),
         "server_cpu_share": common.rnd((cpu1 - cpu0) / wall, 3),
     }
+
+
+def run_memory(n: int, pods: int) -> dict[str, Any]:
+    """RSS of a real `serve` watching n heavy Nodes and `pods` GPU pods (the pod view: cluster/pods.py)."""
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-memory-"))
+    api = FakeApi(n, pods=pods)
+    srv: ServerProcess | None = None
+    try:
+        want = inventory_mod.build(clustergen.cluster(n), corpus.policy()).node_count
+        started = time.monotonic()
+        srv = ServerProcess(kubeconfig=str(api.kubeconfig(tmp)), nodes=None)
+        _wait_inventory(srv, want, timeout=600)
+        synced_s = (time.monotonic() - started) + _wait_pods(srv, pods, timeout=900)
+        time.sleep(2.0)
+        status = {k: common.rnd(v / 1024, 1) for k, v in _proc_status(srv.proc.pid).items()}
+        out = {"nodes": n, "gpu_nodes": want, "gpu_pods": pods, "synced_s": common.rnd(synced_s, 1),
+               "rss_mib": status["VmRSS"], "peak_rss_mib": status["VmHWM"], "loadavg": common.loadavg()}  # fmt: skip
+        common.say(
+            f"  serve with {want} GPU nodes and {pods} GPU pods: synced in {out['synced_s']} s, RSS "
+            f"{out['rss_mib']} MiB (peak {out['peak_rss_mib']}; load {out['loadavg'][0]})"
+        )
+        return out
+    finally:
+        if srv is not None:
+            server.stop(srv)
+        api.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_pods(srv: ServerProcess, want: int, timeout: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() < t0 + timeout:
+        try:
+            with srv.client(timeout=5.0) as c:
+                details = c.get("/readyz").json()
+            view = details.get("details", details).get("podView", {})
+            if view.get("synced") and view.get("gpuPods") == want:
+                return time.monotonic() - t0
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"pod view of {want} GPU pods not synced after {timeout}s: {srv.log_tail()}")
 
 
 def run_server(n: int, duration: float, warmup: float) -> dict[str, Any]:
@@ -334,6 +430,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     result["events"] = run_events(largest, 50 if quick else 400)
     common.say(f"scale: first list of {largest} nodes")
     result["list"] = run_list(largest)
+    common.say(f"scale: serve --nodes FILE of {largest} nodes")
+    result["node_file"] = run_node_file(largest)
+    pods = 5_000 if quick else PODS
+    common.say(f"scale: server memory with {largest} nodes and {pods} GPU pods")
+    result["memory"] = run_memory(largest, pods)
     common.say(f"scale: a server watching {largest} nodes")
     result["server"] = run_server(largest, 3.0 if quick else 20.0, 1.0 if quick else 3.0)
     result["targets"] = targets(result)
@@ -351,6 +452,8 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         ("one Node event applied, median of the worst kind (ms)", worst_event, TARGET_EVENT_MS),
         ("first list + build (s)", r["list"]["total_s"], TARGET_LIST_S),
         ("server RSS with the inventory (MiB)", r["server"]["rss_after_mib"], TARGET_RSS_MIB),
+        ("serve --nodes FILE: RSS once ready (MiB)", r["node_file"]["rss_mib"], TARGET_RSS_MIB),
+        (f"server RSS with {r['memory']['gpu_pods']} GPU pods too (MiB)", r["memory"]["rss_mib"], TARGET_RSS_MIB),
         (f"admission p99 at {REVIEW_RATE}/s in a {STORM_RATE:.0f}/s storm (ms)", r["server"]["storm"]["p99_ms"],
          TARGET_P99_MS),
     ]  # fmt: skip
