@@ -62,7 +62,7 @@ def register(sub: Any) -> None:
     lim.add_argument("--idle-timeout", type=float, default=ConnectionLimits.idle_timeout, metavar="SECONDS",
                      help="close a connection with no request in progress after this long (default 5)")  # fmt: skip
     lim.add_argument("--handshake-timeout", type=float, default=ConnectionLimits.handshake_timeout, metavar="SECONDS",
-                     help="from accepting a connection to the end of its TLS handshake (default 5)")  # fmt: skip
+                     help="from accepting a connection to the end of its TLS handshake (default 10)")  # fmt: skip
     lim.add_argument("--max-connections", type=int, default=0, metavar="N",
                      help="open connections beyond which the least recently active idle one is closed "
                      "(default: the open-file limit minus 128)")  # fmt: skip

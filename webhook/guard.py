@@ -55,7 +55,7 @@ class ConnectionLimits:
     idle_timeout: float = 5.0  # also uvicorn's keep-alive timeout
     max_connections: int = 4096
     close_linger: float = 0.5  # seconds a closing TLS connection may wait for the peer before it is aborted
-    handshake_timeout: float = 5.0  # accept to TLS handshake done (an API server on the cluster network: ms)
+    handshake_timeout: float = 10.0  # accept to handshake done: the API server waits at most 10 s by default
 
     def sweep_interval(self) -> float:
         """How often expired phases are looked for: a timeout fires up to this much late."""
