@@ -75,7 +75,7 @@ class Cluster:
             "kind": "Pod",
             "metadata": {
                 "name": f"{job}-worker-{i % 8}",
-                "namespace": f"team-{i % 50:02d}",
+                "namespace": f"team-{i // 8 % 50:02d}",  # a job's pods share its namespace
                 "uid": f"00000000-0000-4000-9000-{i:012d}",
                 "resourceVersion": str(2_000_000 + i),
                 "labels": {"batch.kubernetes.io/job-name": job, "app": "trainer"},
