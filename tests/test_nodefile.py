@@ -77,6 +77,16 @@ def test_bad_node_files_are_one_line(
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_large_file_that_is_no_json_node_list_says_how_to_write_one(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.yaml"
+    path.write_bytes(b"---\n" + b"# padding\n" * (4 * 2**20))  # 40 MiB
+    with pytest.raises(ManifestError) as info:
+        nodefile.load_node_file(str(path))
+    assert str(info.value) == (
+        f"{path}: larger than 33554432 bytes and not a JSON NodeList (write it with kubectl get nodes -o json)"
+    )
+
+
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="No such file"):
         nodefile.load_node_file(str(tmp_path / "nope.json"))

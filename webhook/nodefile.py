@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from cluster.nodes import decode_list
-from webhook.manifests import ManifestError, load_objects
+from webhook.manifests import DEFAULT_LIMITS, ManifestError, load_objects
 
 MAX_FILE_BYTES = 4 * 2**30  # a JSON List of ~250,000 heavy Nodes: mapped, not read onto the heap
 MAX_NODES = 200_000  # the largest clusters run ~65,000 nodes
@@ -28,7 +28,7 @@ def load_node_file(path: str) -> list[Any]:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if not f.read(4096).lstrip().startswith(b"{"):
-                return load_objects([path])
+                return _whole(path, size)
             if size > MAX_FILE_BYTES:
                 raise ManifestError(f"{path}: larger than the {MAX_FILE_BYTES}-byte limit of a nodes file")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
@@ -36,10 +36,20 @@ def load_node_file(path: str) -> list[Any]:
     except OSError as exc:
         raise ManifestError(f"{path}: {exc.strerror or exc}") from None
     if items is None:  # not a List: one Node, or something else, which the manifest loader judges
-        return load_objects([path])
+        return _whole(path, size)
     if len(items) > MAX_NODES:
         raise ManifestError(f"{path}: more than {MAX_NODES} nodes")
     return items
+
+
+def _whole(path: str, size: int) -> list[Any]:
+    """Through the manifest loader, whose limits `serve` has no flags for: say what to do instead."""
+    if size > DEFAULT_LIMITS.max_bytes:
+        raise ManifestError(
+            f"{path}: larger than {DEFAULT_LIMITS.max_bytes} bytes and not a JSON NodeList "
+            "(write it with kubectl get nodes -o json)"
+        )
+    return load_objects([path])
 
 
 def _items(data: memoryview, path: str) -> list[Any] | None:
