@@ -239,12 +239,10 @@ def run_node_file(n: int) -> dict[str, Any]:
         srv = ServerProcess(nodes=path, ready_timeout=600)
         try:
             ready_s = time.monotonic() - t0
-            time.sleep(2.0)
-            status = {k: common.rnd(v / 1024, 1) for k, v in _proc_status(srv.proc.pid).items()}
+            rss = _settled_rss(srv.proc.pid)
         finally:
             server.stop(srv)
-        out = {"nodes": n, "file_mb": common.rnd(size_mb, 1), "ready_s": common.rnd(ready_s, 2),
-               "peak_rss_mib": status["VmHWM"], "rss_mib": status["VmRSS"], "loadavg": common.loadavg()}  # fmt: skip
+        out = {"nodes": n, "file_mb": common.rnd(size_mb, 1), "ready_s": common.rnd(ready_s, 2), **rss}
         common.say(
             f"  serve --nodes FILE ({out['file_mb']} MB JSON): ready in {out['ready_s']} s, peak RSS "
             f"{out['peak_rss_mib']} MiB, then {out['rss_mib']} MiB (load {out['loadavg'][0]})"
@@ -252,6 +250,13 @@ def run_node_file(n: int) -> dict[str, Any]:
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _settled_rss(pid: int) -> dict[str, Any]:
+    """RSS and peak RSS (MiB) 2 s after a process got ready, and the machine's load then."""
+    time.sleep(2.0)
+    status = {k: common.rnd(v / 1024, 1) for k, v in _proc_status(pid).items()}
+    return {"rss_mib": status["VmRSS"], "peak_rss_mib": status["VmHWM"], "loadavg": common.loadavg()}
 
 
 def _proc_status(pid: int) -> dict[str, int]:
@@ -268,19 +273,23 @@ def _node_metrics(srv: ServerProcess) -> dict[str, float]:
 
 
 def _wait_inventory(srv: ServerProcess, want: int, timeout: float) -> float:
+    return _wait_readyz(srv, "inventory", "gpuNodes", want, timeout)
+
+
+def _wait_readyz(srv: ServerProcess, section: str, count: str, want: int, timeout: float) -> float:
+    """Seconds until /readyz says `section` is synced with `count` == want."""
     t0 = time.monotonic()
-    deadline = t0 + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < t0 + timeout:
         try:
             with srv.client(timeout=5.0) as c:
                 details = c.get("/readyz").json()
-            inv = details.get("details", details).get("inventory", {})
-            if inv.get("synced") and inv.get("gpuNodes") == want:
+            part = details.get("details", details).get(section, {})
+            if part.get("synced") and part.get(count) == want:
                 return time.monotonic() - t0
         except (httpx.HTTPError, ValueError, AttributeError):
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"inventory of {want} GPU nodes not ready after {timeout}s: {srv.log_tail()}")
+    raise RuntimeError(f"{section}: {count} {want} not synced after {timeout}s: {srv.log_tail()}")
 
 
 def _storm_window(api: FakeApi, srv: ServerProcess, seconds: float) -> dict[str, Any]:
@@ -309,11 +318,9 @@ def run_memory(n: int, pods: int) -> dict[str, Any]:
         started = time.monotonic()
         srv = ServerProcess(kubeconfig=str(api.kubeconfig(tmp)), nodes=None)
         _wait_inventory(srv, want, timeout=600)
-        synced_s = (time.monotonic() - started) + _wait_pods(srv, pods, timeout=900)
-        time.sleep(2.0)
-        status = {k: common.rnd(v / 1024, 1) for k, v in _proc_status(srv.proc.pid).items()}
-        out = {"nodes": n, "gpu_nodes": want, "gpu_pods": pods, "synced_s": common.rnd(synced_s, 1),
-               "rss_mib": status["VmRSS"], "peak_rss_mib": status["VmHWM"], "loadavg": common.loadavg()}  # fmt: skip
+        synced_s = (time.monotonic() - started) + _wait_readyz(srv, "podView", "gpuPods", pods, timeout=900)
+        rss = _settled_rss(srv.proc.pid)
+        out = {"nodes": n, "gpu_nodes": want, "gpu_pods": pods, "synced_s": common.rnd(synced_s, 1), **rss}
         common.say(
             f"  serve with {want} GPU nodes and {pods} GPU pods: synced in {out['synced_s']} s, RSS "
             f"{out['rss_mib']} MiB (peak {out['peak_rss_mib']}; load {out['loadavg'][0]})"
@@ -324,21 +331,6 @@ def run_memory(n: int, pods: int) -> dict[str, Any]:
             server.stop(srv)
         api.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _wait_pods(srv: ServerProcess, want: int, timeout: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() < t0 + timeout:
-        try:
-            with srv.client(timeout=5.0) as c:
-                details = c.get("/readyz").json()
-            view = details.get("details", details).get("podView", {})
-            if view.get("synced") and view.get("gpuPods") == want:
-                return time.monotonic() - t0
-        except (httpx.HTTPError, ValueError, AttributeError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"pod view of {want} GPU pods not synced after {timeout}s: {srv.log_tail()}")
 
 
 def run_server(n: int, duration: float, warmup: float) -> dict[str, Any]:
