@@ -176,6 +176,20 @@ def test_a_label_no_level_reads_keeps_the_levels_of_the_previous_version() -> No
     assert moved.topology_epoch is not after.topology_epoch
 
 
+def test_gpus_lost_without_a_label_change_recount_the_levels() -> None:
+    """A GPU falls off the bus: the device plugin reports 4 of 8, the labels stay (the heartbeat fast path
+    must still compare the node's whole-card GPUs)."""
+    policy = default_policy()
+    inv = inventory_mod.build(clustergen.cluster(16), policy)  # one rack of 16 H100 nodes
+    obj = clustergen.node(3, generation=1)
+    obj["status"]["allocatable"]["nvidia.com/gpu"] = obj["status"]["capacity"]["nvidia.com/gpu"] = "4"
+    after = inv.apply({obj["metadata"]["name"]: inventory_mod.node_from_object(obj, policy.pools)})
+    fresh = inventory_mod.build([*clustergen.cluster(3), obj, *clustergen.cluster(16)[4:]], policy)
+    assert inv.levels[0].largest_gpus == 128
+    assert after.levels == fresh.levels and after.levels[0].largest_gpus == 124
+    assert after.topology_epoch is not inv.topology_epoch
+
+
 def test_a_node_updated_without_label_changes_touches_no_label_posting() -> None:
     policy = default_policy()
     objs = clustergen.cluster(200)
