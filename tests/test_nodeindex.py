@@ -190,6 +190,18 @@ def test_gpus_lost_without_a_label_change_recount_the_levels() -> None:
     assert after.topology_epoch is not inv.topology_epoch
 
 
+def test_the_declared_rack_label_appearing_on_a_node_recounts_the_levels() -> None:
+    """topology.rack names a key auto-detection does not know: its first appearance is still a level input."""
+    policy = parse_policy_text(POOLS.split("pools:")[0] + "topology: {rack: example.com/pod-rack}\n")
+    inv = inventory_mod.build(clustergen.cluster(16), policy)
+    assert any("example.com/pod-rack" in w for w in inv.warnings)
+    obj = clustergen.node(5, generation=1)
+    obj["metadata"]["labels"]["example.com/pod-rack"] = "r1"
+    after = inv.apply({obj["metadata"]["name"]: inventory_mod.node_from_object(obj, policy.pools)})
+    fresh = inventory_mod.build([*clustergen.cluster(5), obj, *clustergen.cluster(16)[6:]], policy)
+    assert (after.levels, after.warnings) == (fresh.levels, fresh.warnings) and after.levels != inv.levels
+
+
 def test_a_node_updated_without_label_changes_touches_no_label_posting() -> None:
     policy = default_policy()
     objs = clustergen.cluster(200)
