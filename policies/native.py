@@ -327,13 +327,12 @@ NOT_NATIVE: Mapping[str, str] = {
 
 # The (effective) kinds the policies judge: the webhook skips native rules on these only (policies/engine.py).
 # A kind the engine learns later (TrainJob, RayService, ...) keeps every rule in the webhook until it is added
-# here, to `_MATCH_RULES` and to `_templates`.
+# here, to `_MATCH_RULES` and to `_templates`. RayJob and RayCluster are out: a Ray autoscaler that can
+# shrink a GPU worker group is elastic training (policies/ownscaling.py), which the CEL here does not read.
 COVERED_KINDS = frozenset(
     {"Pod", "Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Job", "CronJob", *KUBEFLOW_REPLICA_SPECS,
-     "JobSet", "LeaderWorkerSet", "VolcanoJob", "RayCluster"}
+     "JobSet", "LeaderWorkerSet", "VolcanoJob"}
 )  # fmt: skip
-# Not RayJob: a RayJob whose Ray autoscaler can shrink a GPU worker group is elastic training
-# (policies/ownscaling.py), which the CEL here does not read; the webhook keeps its rules.
 
 # What each VAP matches: every kind the engine reviews for these rules (pod templates), CREATE and UPDATE.
 _MATCH_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -344,7 +343,6 @@ _MATCH_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("jobset.x-k8s.io", "*", ("jobsets",)),
     ("leaderworkerset.x-k8s.io", "*", ("leaderworkersets",)),
     ("batch.volcano.sh", "*", ("jobs",)),
-    ("ray.io", "*", ("rayjobs", "rayclusters")),
 )
 
 

@@ -43,10 +43,7 @@ DENIED = re.compile(
 )
 WARNED = re.compile(r"Warning: Validation failed for ValidatingAdmissionPolicy '" + native.NAME_PREFIX + r"([\w-]+)'")
 # Kinds the policies match (with the CRDs of tests/e2e/crds.py installed).
-COVERED_KINDS = frozenset(
-    {"Pod", "Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Job", "CronJob", "PyTorchJob", "TFJob",
-     "MPIJob", "XGBoostJob", "PaddleJob", "JobSet", "LeaderWorkerSet", "VolcanoJob", "RayJob", "RayCluster"}
-)  # fmt: skip
+COVERED_KINDS = native.COVERED_KINDS
 
 
 PRIORITY_CLASSES = ("training-normal", "training-low", "training-high", "infra-critical")  # named by the cases
