@@ -35,6 +35,7 @@ RULE_IDS = (
     "online-no-timeslice",
     "inference-warm-pool",
     "gpu-request-fits",
+    "dra-claims",
     "gpu-admission-annotations",
 )
 MUTATION_IDS = (

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from policies import placement, userkeys
+from policies import dra, placement, userkeys
 from policies.document import Policy
 from policies.exceptions import Exemption
 from policies.inventory import Inventory
@@ -151,7 +151,7 @@ def review(
     if kind not in TEMPLATE_KINDS and kind not in ELASTICITY_KINDS:
         return _untouched(obj, kind, policy, handled=False)
 
-    if kind not in ELASTICITY_KINDS and not _mentions_gpu(obj, ctx):
+    if kind not in ELASTICITY_KINDS and not _mentions_gpu(obj, ctx, inventory.classes):
         return _untouched(obj, kind, policy)  # the cheap path for the many pods that ask for no GPU
 
     mode, mode_warning = userkeys.namespace_mode(ctx.namespace_labels, policy.default_enforcement)
@@ -304,17 +304,22 @@ def _pinned(s: Subject) -> Placement | None:
     return Placement(job, d.key, d.domain, s.job.sizes)
 
 
-def _mentions_gpu(obj: Json, ctx: ReviewContext) -> bool:
-    """Any nvidia.com/ resource in any container, or any gpu-admission.io/ key on the object or a pod
-    template: a superset of what the engine acts on, read without copying or classifying anything."""
+def _mentions_gpu(obj: Json, ctx: ReviewContext, classes: dra.Classes) -> bool:
+    """Any nvidia.com/ resource in any container, DRA claims or extended resources, or any gpu-admission.io/
+    key on the object or a pod template: a superset of what the engine acts on, read without copying or
+    classifying anything."""
     pods = [t.pod for t in templates(obj, ctx.resolve)]
+    mapped = classes.extended_names
     for pod in pods:
+        spec = pod.get("spec")
+        if isinstance(spec, dict) and spec.get("resourceClaims"):
+            return True
         for c in containers(pod):
             res = c.get("resources")
             if isinstance(res, dict):
                 for section in ("limits", "requests"):
                     amounts = res.get(section)
-                    if isinstance(amounts, dict) and any(isinstance(k, str) and is_gpu_resource(k) for k in amounts):
+                    if isinstance(amounts, dict) and any(_gpu_name(k, mapped) for k in amounts):
                         return True
     for holder in (obj, *pods):
         meta = holder.get("metadata")
@@ -324,6 +329,11 @@ def _mentions_gpu(obj: Json, ctx: ReviewContext) -> bool:
                 if isinstance(keys, dict) and any(isinstance(k, str) and k.startswith(userkeys.PREFIX) for k in keys):
                     return True
     return False
+
+
+def _gpu_name(key: object, mapped: frozenset[str]) -> bool:
+    """A GPU resource name: nvidia.com/*, or an extended resource served through DRA."""
+    return isinstance(key, str) and (is_gpu_resource(key) or key.startswith(dra.EXTENDED_PREFIX) or key in mapped)
 
 
 def _internal_error(rule_id: str, exc: Exception, policy: Policy, denials: list[Finding], warnings: list[str]) -> str:

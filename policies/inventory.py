@@ -7,11 +7,11 @@ must land in). Everything here is computed once per inventory change, not per re
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, overload
 
-from policies import affinity, comm, gpulabels, mig, nodeindex, topology
+from policies import affinity, comm, dra, gpulabels, mig, nodeindex, topology
 from policies.document import Policy, Pool
 from policies.nodeindex import NodeIndex
 from policies.placement import memoize
@@ -250,6 +250,8 @@ class Inventory:
     # (names, slots, level labels, whole-card GPUs): answers derived from those alone (placement's grouping
     # of candidates by domain) may be reused across heartbeats and label changes elsewhere.
     topology_epoch: object = field(default_factory=object, compare=False)
+    # DeviceClasses (served by the cluster, or the NVIDIA built-ins)
+    classes: dra.Classes = field(default_factory=dra.Classes)
     # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
     # changes (a node event makes a new one, which starts empty).
     _candidates: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -350,6 +352,10 @@ class Inventory:
     def level_index(self, kind: str) -> int | None:
         return next((i for i, lv in enumerate(self.levels) if lv.kind == kind), None)
 
+    def with_classes(self, classes: dra.Classes) -> Inventory:
+        """The same nodes with other DeviceClasses (a class changed: nothing node-side did)."""
+        return replace(self, classes=classes)
+
     def apply(self, changes: Mapping[str, GpuNode | None]) -> Inventory:
         """The next version: entry key -> node (added or replaced) or None (removed). Costs what the changed
         nodes touch, except when the detected rack label changes (every node's rack is re-read)."""
@@ -400,14 +406,18 @@ def _resources_from_labels(labels: Mapping[str, str], sharing: str, mig_strategy
     return out
 
 
-def node_from_object(node: Json, pools: Sequence[Pool] = ()) -> GpuNode | None:
-    """A GpuNode from a Node object, or None for a node with no GPU."""
+def node_from_object(node: Json, pools: Sequence[Pool] = (), devices: dra.NodeDevices | None = None) -> GpuNode | None:
+    """A GpuNode from a Node object, or None for a node with no GPU. `devices`: what the NVIDIA DRA driver's
+    ResourceSlices publish for it, read as the offers a device plugin would advertise (the Node's own
+    allocatable wins for a resource both name)."""
     labels = _labels(node)
     meta = node.get("metadata")
     name = meta.get("name") if isinstance(meta, dict) else None
     name = name if isinstance(name, str) else labels.get(topology.HOSTNAME, "")
     product = labels.get(PRODUCT_LABEL, "")
     info = mig.parse_product(product) if product else _gke_product(labels)
+    if info is None and devices is not None and devices.product:
+        info = mig.parse_product(devices.product)  # for the card's memory; node affinity still reads labels
     sharing = labels.get(SHARING_LABEL, "") or gpulabels.gke_sharing(labels)
     if sharing not in ("none", *SHARED_STRATEGIES):
         sharing = (
@@ -417,11 +427,28 @@ def node_from_object(node: Json, pools: Sequence[Pool] = ()) -> GpuNode | None:
     if mig_strategy not in ("single", "mixed"):
         mig_strategy = "single" if info and info.mig_profile else "none"
     resources = _gpu_resources(node) or _resources_from_labels(labels, sharing, mig_strategy)
+    if devices is not None:
+        resources = {**devices.resources, **resources}
     if not resources and labels.get("nvidia.com/gpu.present") != "true":
         return None
     pool = next((p.name for p in pools if all(labels.get(k) == v for k, v in p.node_selector.items())), None)
     parted = gpulabels.partitioned(labels, info.mig_profile if info else None, resources)
-    return _build(name, labels, product, info, sharing, mig_strategy, resources, pool, partitioned=parted)
+    built = _build(name, labels, product, info, sharing, mig_strategy, resources, pool, partitioned=parted)
+    if devices is not None and devices.memory_bytes > built.memory_bytes:
+        return _with_memory(built, devices.memory_bytes)
+    return built
+
+
+def _with_memory(n: GpuNode, memory: int) -> GpuNode:
+    """The node with the card memory the DRA driver reports (capacity `memory`) on its whole-GPU offers."""
+    offers = tuple(
+        _shared_offer(Offer(o.resource, o.count, memory, o.compute, o.kind, o.profile)) if o.kind == "whole" else o
+        for o in n.offers
+    )
+    values: list[Any] = [
+        memory if f == "memory_bytes" else offers if f == "offers" else getattr(n, f) for f in _NODE_FIELDS
+    ]
+    return GpuNode(*values)
 
 
 def _gke_product(labels: Mapping[str, str]) -> mig.ProductInfo | None:
@@ -536,20 +563,46 @@ def _pool_nodes(pool: Pool, rack_key: str) -> list[GpuNode]:
     ]
 
 
-def build(nodes: Iterable[Any], policy: Policy) -> Inventory:
-    """The inventory from Node objects (non-GPU nodes are skipped) plus the policy's declared pools."""
+def build(
+    nodes: Iterable[Any],
+    policy: Policy,
+    devices: Mapping[str, dra.NodeDevices] | None = None,
+    classes: dra.Classes | None = None,
+) -> Inventory:
+    """The inventory from Node objects (non-GPU nodes are skipped) plus the policy's declared pools; with the
+    devices ResourceSlices publish per node name, and the cluster's DeviceClasses, when it serves DRA."""
     found: dict[str, GpuNode] = {}
+    devices = devices or {}
     for obj in nodes:
-        n = node_from_object(obj, policy.pools) if isinstance(obj, dict) else None
+        n = node_from_object(obj, policy.pools, devices.get(_name(obj))) if isinstance(obj, dict) else None
         if n is not None:
             key = n.name if n.name not in found else f"{n.name}\x00{len(found)}"  # a file may repeat names
             found[key] = n
     # The rack label first (as detection will find it), so no node is indexed twice.
     rack = policy.rack if policy.rack != "auto" else topology.detect_rack_label(n.labels for n in found.values())[0]
-    return empty(policy, rack).apply(found)
+    return empty(policy, rack, classes).apply(found)
 
 
-def empty(policy: Policy, rack_label: str | None = None) -> Inventory:
+def build_cluster(objects: Iterable[Any], policy: Policy) -> Inventory:
+    """The inventory from what `kubectl get nodes,resourceslices,deviceclasses -o yaml` prints (other kinds are
+    ignored): DeviceClasses given are the cluster's classes; without any, the NVIDIA driver's are assumed."""
+    objs = [o for o in objects if isinstance(o, dict)]
+    classes = [o for o in objs if o.get("kind") == "DeviceClass"]
+    return build(
+        [o for o in objs if o.get("kind") == "Node"],
+        policy,
+        devices=dra.node_devices(o for o in objs if o.get("kind") == "ResourceSlice"),
+        classes=dra.classes_from_objects(classes) if classes else None,
+    )
+
+
+def _name(obj: Any) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def empty(policy: Policy, rack_label: str | None = None, classes: dra.Classes | None = None) -> Inventory:
     """No live node: the policy's declared pools only."""
     return Inventory(
         NodeIndex(),
@@ -560,6 +613,7 @@ def empty(policy: Policy, rack_label: str | None = None) -> Inventory:
         policy.rack,
         tuple(policy.pools),
         level_setting=tuple(policy.levels),
+        classes=classes or dra.Classes(),
     ).apply({})
 
 
@@ -626,6 +680,7 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         level_setting=inv.level_setting,
         level_warnings=level_warnings,
         topology_epoch=epoch,
+        classes=inv.classes,
     )
 
 

@@ -194,10 +194,16 @@ def _limits(c: Json) -> Json:
     return limits if isinstance(limits, dict) else {}
 
 
+def _plugin_gpus(p: Pod) -> bool:
+    """`nvidia.com/gpu` in a container's resources. GPUs claimed through DRA need no node affinity: their
+    DeviceClass selects whole GPUs (type == 'gpu') device by device, and sharing is per claim, not per node."""
+    return any(GPU in c.amounts for c in p.ask.containers)
+
+
 def training_pool(s: Subject, p: Pod) -> bool:
     """training-pool: training that asks for whole GPUs gets required node affinity to whole-card GPU nodes
     (not MIG, not time-sliced/MPS), or to the policy's training pool (checklist 1: pin training pods)."""
-    if p.workload != "training" or p.keys.gpu_memory is not None or GPU not in p.ask.resource_names():
+    if p.workload != "training" or p.keys.gpu_memory is not None or not _plugin_gpus(p):
         return False
     pool = s.policy.pool(s.policy.training_pool) if s.policy.training_pool else None
     if pool is None:
@@ -213,7 +219,7 @@ def training_pool(s: Subject, p: Pod) -> bool:
 def online_exclusive(s: Subject, p: Pod) -> bool:
     """online-exclusive: online inference on whole GPUs gets node affinity away from time-sliced and MPS
     nodes (checklist 3: time-slicing only for latency-insensitive work)."""
-    if p.workload != "inference" or p.latency != "online" or GPU not in p.ask.resource_names():
+    if p.workload != "inference" or p.latency != "online" or not _plugin_gpus(p):
         return False
     if p.candidates(s.inventory).offer_gpu.all_shared:
         return False  # pinned to shared nodes on purpose: online-no-timeslice explains, we don't strand it
@@ -390,6 +396,8 @@ def claims_nvlink_domain(s: Subject) -> bool:
     from policies.selectors import required_terms
 
     for p in s.pods:
+        if any(a.channel for a in p.ask.claim_asks()):
+            return True  # a claim on the ComputeDomain channel class
         claims = p.spec.get("resourceClaims")
         for c in claims if isinstance(claims, list) else []:
             names = (

@@ -8,10 +8,13 @@ limit differ) and leaves judging them to the rules.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from policies.workloads import Json
+
+if TYPE_CHECKING:
+    from policies.dra import ClaimAsk, Lookup, PodClaims
 
 GPU = "nvidia.com/gpu"
 GPU_SHARED = "nvidia.com/gpu.shared"
@@ -43,27 +46,40 @@ class ContainerAsk:
     amounts: Mapping[str, int]
     unparsable: tuple[str, ...]
     mismatched: tuple[str, ...]
+    # Devices asked through DRA (claims, or extended resources a DeviceClass serves), as the device-plugin
+    # resource they amount to (policies/dra.py). Kept apart from `amounts`: the limits rules (whole numbers,
+    # request == limit, one shared unit) are about what the user wrote in limits.
+    claimed: Mapping[str, int] = field(default_factory=dict)
+
+    def total(self, name: str) -> int:
+        return self.amounts.get(name, 0) + self.claimed.get(name, 0)
 
 
 @dataclass(frozen=True)
 class PodAsk:
     containers: tuple[ContainerAsk, ...]
     whole_gpus: int  # nvidia.com/gpu per pod: sum over containers, or the largest init container if larger
+    claims: PodClaims | None = None  # the pod's DRA claims as read (None: it has none, or none were read)
 
     @property
     def asks_gpu(self) -> bool:
-        return any(c.amounts or c.unparsable for c in self.containers)
+        return any(c.amounts or c.unparsable or c.claimed for c in self.containers) or bool(
+            self.claims and (self.claims.errors or self.claims.notes)
+        )
 
     def resource_names(self) -> set[str]:
-        return {name for c in self.containers for name in c.amounts}
+        return {name for c in self.containers for name in (*c.amounts, *c.claimed)}
+
+    def claim_asks(self) -> tuple[ClaimAsk, ...]:
+        return self.claims.asks if self.claims is not None else ()
 
     def units(self) -> dict[str, int]:
         """Units of each GPU resource the pod holds on its node: the app containers' sum, or the largest
         init container's when larger (as the scheduler counts a pod's request)."""
         out: dict[str, int] = {}
         for name in self.resource_names():
-            app = sum(c.amounts.get(name, 0) for c in self.containers if not c.init)
-            init = max((c.amounts.get(name, 0) for c in self.containers if c.init), default=0)
+            app = sum(c.total(name) for c in self.containers if not c.init)
+            init = max((c.total(name) for c in self.containers if c.init), default=0)
             out[name] = max(app, init)
         return out
 
@@ -118,7 +134,8 @@ def container_ask(container: Json, init: bool, index: int) -> ContainerAsk:
     )
 
 
-def pod_ask(pod: Json) -> PodAsk:
+def pod_ask(pod: Json, lookup: Lookup | None = None) -> PodAsk:
+    """The pod's GPU ask; with a DRA lookup also what its claims and DRA extended resources ask."""
     spec = pod.get("spec")
     out: list[ContainerAsk] = []
     if isinstance(spec, dict):
@@ -126,6 +143,12 @@ def pod_ask(pod: Json) -> PodAsk:
             items = spec.get(key)
             if isinstance(items, list):
                 out.extend(container_ask(c, init, i) for i, c in enumerate(items) if isinstance(c, dict))
-    app = sum(c.amounts.get(GPU, 0) for c in out if not c.init)
-    init_max = max((c.amounts.get(GPU, 0) for c in out if c.init), default=0)
-    return PodAsk(containers=tuple(out), whole_gpus=max(app, init_max))
+    claims = None
+    if lookup is not None and isinstance(spec, dict):
+        from policies import dra
+
+        if dra.asks_through_dra(spec, lookup.classes):
+            out, claims = dra.with_claims(pod, out, lookup)
+    app = sum(c.total(GPU) for c in out if not c.init)
+    init_max = max((c.total(GPU) for c in out if c.init), default=0)
+    return PodAsk(containers=tuple(out), whole_gpus=max(app, init_max), claims=claims)

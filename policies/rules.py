@@ -282,6 +282,16 @@ def online_no_timeslice(s: Subject) -> list[Violation]:
     for p in s.gpu_pods:
         if p.workload != "inference" or p.latency != "online":
             continue
+        claimed = next((a for a in p.ask.claim_asks() if a.sharing), None)
+        if claimed is not None:
+            return [
+                Violation(
+                    f"online inference asks a time-sliced/MPS GPU through {claimed.describe()}: sharers get no "
+                    f"memory or fault isolation",
+                    "drop the GpuConfig sharing from the claim, use a MIG device (mig.nvidia.com), or annotate "
+                    "gpu-admission.io/latency: offline",
+                )
+            ]
         names = p.ask.resource_names()
         shared = sorted(n for n in names if is_shared(n))
         if shared or (GPU in names and _pinned_shared(s, p)):
@@ -404,10 +414,20 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
             if is_mig(name) and not inv.offers(name):
                 offered = sorted(r for r in inv.resources if is_mig(r))
                 hint = f"; offered: {', '.join(offered[:4])}" if offered else ""
+                claimed = any(name in c.claimed for c in p.ask.containers)
+                fix = (
+                    "select an offered profile in the claim (device.attributes['gpu.nvidia.com'].profile)"
+                    if claimed
+                    else "use gpu-admission.io/gpu-memory to get the matching slice"
+                )
+                return [Violation(f"no GPU in the cluster offers {name}{hint}", fix)]
+        for a in p.ask.claim_asks():
+            if a.memory is not None and inv.max_memory_bytes and a.memory > inv.max_memory_bytes:
                 return [
                     Violation(
-                        f"no GPU in the cluster offers {name}{hint}",
-                        "use gpu-admission.io/gpu-memory to get the matching slice",
+                        f"{a.describe()} selects GPUs with more than {format_bytes(a.memory)} of memory; the "
+                        f"largest has {format_bytes(inv.max_memory_bytes)}",
+                        "lower the memory in the claim's CEL selector or ask for more GPUs",
                     )
                 ]
         ask = p.keys.gpu_memory
@@ -419,6 +439,24 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
                 )
             ]
     return []
+
+
+def dra_claims(s: Subject) -> list[Violation]:
+    """GPUs asked through DRA must be judgeable: denies a claim request (or `deviceclass.resource.kubernetes.io/`
+    extended resource) naming a DeviceClass the cluster does not have, or a CEL selector that does not parse,
+    which would leave the pod Pending; a claim whose template is not there yet is a warning only (`kubectl
+    apply -f dir/` may create it after the workload)."""
+    errors: list[str] = []
+    for p in s.pods:
+        claims = p.ask.claims
+        if claims is None:
+            continue
+        errors += claims.errors
+        s.notes.extend(f"dra-claims: {n}" for n in claims.notes if f"dra-claims: {n}" not in s.notes)
+    if not errors:
+        return []
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return [Violation(errors[0] + more, "use a DeviceClass the cluster has (kubectl get deviceclasses) and valid CEL")]
 
 
 def gpu_admission_annotations(s: Subject) -> list[Violation]:
@@ -445,6 +483,7 @@ def _registry() -> tuple[Rule, ...]:
     fns: tuple[tuple[str, RuleFn, bool], ...] = (
         ("gpu-admission-annotations", gpu_admission_annotations, False),
         ("gpu-request-fits", gpu_request_fits, False),
+        ("dra-claims", dra_claims, False),
         ("training-same-rack", training_same_rack, False),
         ("training-topology-scheduler", training_topology_scheduler, False),
         ("scheduler-topology-keys", scheduler_topology_keys, False),

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies import placement, podviews, userkeys
+from policies import dra, placement, podviews, userkeys
 from policies.classify import classify, default_latency
 from policies.document import Policy
 from policies.exceptions import Exemption
@@ -59,6 +59,9 @@ class ReviewContext:
     # Rules the API server runs itself as ValidatingAdmissionPolicies (policies/native.py, `serve --native`):
     # skipped here on the kinds those policies cover, so no check runs twice.
     native: frozenset[str] = frozenset()
+    # Checks a DRA CEL selector parses (one-line error or None); None: not checked (the API server compiles
+    # the selectors of every ResourceClaim, template and class it stores, so only offline input needs it).
+    cel_check: Callable[[str], str | None] | None = None
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Pod:
     keys: userkeys.UserKeys
     workload: str | None
     latency: str
+    lookup: dra.Lookup | None = None  # reads the pod's DRA claims (None: only device-plugin resources)
     # Derived from the pod spec and cached: rules read them many times. The engine calls Subject.invalidate
     # after every mutation that changed something, with what that mutation touches.
     _ask: PodAsk | None = None
@@ -82,7 +86,7 @@ class Pod:
     @property
     def ask(self) -> PodAsk:
         if self._ask is None:
-            self._ask = pod_ask(self.template.pod)
+            self._ask = pod_ask(self.template.pod, self.lookup)
         return self._ask
 
     def candidates(self, inventory: Inventory) -> NodeSet:
@@ -210,6 +214,7 @@ def build(obj: Json, policy: Policy, inventory: Inventory, ctx: ReviewContext) -
     kind = effective_kind(obj)
     obj_keys = userkeys.read(obj, where=(kind,)) if kind != "Pod" else userkeys.UserKeys()
     pods: list[Pod] = []
+    lookup = dra.Lookup(inventory.classes, ctx.resolve, ctx.namespace or meta_str(obj, "namespace"), ctx.cel_check)
     for tpl in templates(obj, ctx.resolve):
         if tpl.path:
             keys = userkeys.read(obj, tpl.pod, where=(kind, f"pod template {tpl.role}"))
@@ -217,7 +222,7 @@ def build(obj: Json, policy: Policy, inventory: Inventory, ctx: ReviewContext) -
             keys = userkeys.read(obj, where=("Pod",))
         workload = classify(kind, obj if kind != "Pod" else tpl.pod, keys.workload)
         latency = keys.latency or default_latency(workload)
-        pods.append(Pod(tpl, keys, workload, latency))
+        pods.append(Pod(tpl, keys, workload, latency, lookup))
     name = meta_str(obj, "name")
     namespace = meta_str(obj, "namespace")
     s = Subject(kind, obj, name, namespace, pods, policy, inventory, ctx, _obj_keys=obj_keys)

@@ -233,7 +233,11 @@ def test_missing_policy_file(tmp_path: Path) -> None:
 def test_nodes_file_with_other_kinds(tmp_path: Path) -> None:
     good = write(tmp_path, "pod.yaml", dump(gpu_pod("p")))
     other = write(tmp_path, "cm.yaml", dump(CONFIGMAP))
-    assert_usage_error(cli("check", "-f", str(good), "--nodes", str(other)), "expected Node (or Pod)", "'ConfigMap'")
+    assert_usage_error(
+        cli("check", "-f", str(good), "--nodes", str(other)),
+        "expected Node, ResourceSlice, DeviceClass (or Pod)",
+        "'ConfigMap'",
+    )
     assert_usage_error(cli("check", "-f", str(good), "--pods", str(other)), "expected Pod objects", "'ConfigMap'")
 
 

@@ -630,6 +630,7 @@ GPU = {"limits": {"nvidia.com/gpu": "1"}}
 MIG = {"limits": {"nvidia.com/mig-1g.10gb": "1"}}
 GPU_REQUESTS = {"requests": {"nvidia.com/gpu": "2"}}
 CPU = {"limits": {"cpu": "1", "memory": "1Gi"}}
+DRA_EXTENDED = {"limits": {"cpu": "1", "deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1"}}
 
 
 def _pod_template(resources: dict[str, Any] | None, *, init: bool = False, ann: bool = False) -> dict[str, Any]:
@@ -921,6 +922,10 @@ def cel_cases(
         yield f"{kind}: GPU in an init container", "CREATE", wrap(_pod_template(GPU, init=True)), None, "w", True
         yield f"{kind}: gpu-memory annotation only", "CREATE", wrap(_pod_template(CPU, ann=True)), None, "w", True
         yield f"{kind}: CPU only", "CREATE", wrap(_pod_template(CPU)), None, "w", False
+        yield f"{kind}: DRA extended resource", "CREATE", wrap(_pod_template(DRA_EXTENDED)), None, "w", True
+        claimed = _pod_template(CPU)
+        claimed["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+        yield f"{kind}: DRA claim (ResourceClaimTemplate)", "CREATE", wrap(claimed), None, "w", True
         yield f"{kind}: no resources", "CREATE", wrap(_pod_template(None)), None, "w", False
         yield f"{kind}: empty spec", "CREATE", _obj("X", {}), None, "w", False
         if family == "pods":
@@ -1068,6 +1073,12 @@ def test_no_wildcards_or_escalation(rendered: list[dict[str, Any]]) -> None:
             assert "nonResourceURLs" not in rule
 
 
+# What a pod's claims ask (claims, templates) and what nodes have (slices, classes): docs/policy.md "DRA".
+DRA_RESOURCES = {
+    ("resource.k8s.io", r) for r in ("deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates")
+}
+
+
 def test_server_rbac_is_read_only(rendered: list[dict[str, Any]]) -> None:
     rules = rules_of(rendered, SERVER_SA)
     assert rules
@@ -1082,11 +1093,12 @@ def test_server_rbac_is_read_only(rendered: list[dict[str, Any]]) -> None:
     assert ("", "nodes") in granted and ("", "namespaces") in granted and ("", "pods") in granted
     assert ("autoscaling", "horizontalpodautoscalers") in granted and ("keda.sh", "scaledobjects") in granted
     assert ("", "configmaps") in granted
+    assert granted >= DRA_RESOURCES, "the DRA inventory and claims are read (webhook/state.py: watch_dra)"
     allowed = {
         ("", "nodes"), ("", "namespaces"), ("", "configmaps"), ("autoscaling", "horizontalpodautoscalers"),
         ("keda.sh", "scaledobjects"), ("", "pods"), ("gpu-admission.io", "gpupolicyexceptions"),
         ("trainer.kubeflow.org", "trainingruntimes"), ("trainer.kubeflow.org", "clustertrainingruntimes"),
-    } | WORKLOAD_KINDS_RESOURCES  # fmt: skip
+    } | WORKLOAD_KINDS_RESOURCES | DRA_RESOURCES  # fmt: skip
     assert granted <= allowed, f"unexpected grants: {granted - allowed}"
 
 

@@ -78,14 +78,14 @@ def _fill(s: Subject) -> None:
 def _assert_fresh(s: Subject, after: str) -> None:
     for p in s.pods:
         where = f"after {after}, {p.template.role or 'pod'}"
-        assert p.ask == pod_ask(p.pod), f"{where}: stale ask"
+        assert p.ask == pod_ask(p.pod, p.lookup), f"{where}: stale ask"
         allowed = node_filter(p.pod)
         assert list(p.candidates(s.inventory)) == [n for n in s.inventory.nodes if allowed(n.labels, n.name)], (
             f"{where}: stale candidates"
         )
         assert has_rack_constraint(s, p) == _rack_constraint(s, p), f"{where}: stale rack constraint"
     assert s.job == _derive_job(s.kind, s.obj, s.name, s.pods, s._obj_keys), f"after {after}: stale job"
-    assert s.gpu_pods == [p for p in s.pods if pod_ask(p.pod).asks_gpu or p.keys.gpu_memory is not None], (
+    assert s.gpu_pods == [p for p in s.pods if pod_ask(p.pod, p.lookup).asks_gpu or p.keys.gpu_memory is not None], (
         f"after {after}: stale gpu_pods"
     )
 

@@ -25,13 +25,14 @@ from policies.engine import WARNING_LIMIT, Review, ReviewContext, review
 from policies.placement import Capacity
 from policies.subject import pod_facts
 from webhook import suite
+from webhook.cmd_check import cel_checker
 from webhook.state import capacity_of
 from webhook.suite import deep_merge, resolver
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).resolve().parent / "cases"
 DEFAULT_NODES = "examples/cluster/nodes.yaml"
-FOLDERS = ("mutations", "rules", "kinds", "bad-input", "namespaces", "elasticity", "clusters", "exceptions")
+FOLDERS = ("mutations", "rules", "kinds", "bad-input", "namespaces", "elasticity", "clusters", "exceptions", "dra")
 
 
 def case_files() -> list[Path]:
@@ -92,7 +93,7 @@ def _node_objects(nodes: str) -> tuple[Any, ...]:
 def inventory_for(nodes: Any, policy: Policy) -> inventory_mod.Inventory:
     """`nodes` is a file (relative to the repository), "none", or a list of Node objects written in the case."""
     objects = nodes if isinstance(nodes, list) else list(_node_objects(str(nodes)))
-    return inventory_mod.build(copy.deepcopy(objects), policy)
+    return inventory_mod.build_cluster(copy.deepcopy(objects), policy)
 
 
 def capacity_for(pods: list[Any] | str | None) -> Capacity | None:
@@ -117,6 +118,7 @@ def run_case(case: dict[str, Any], obj: Any) -> tuple[Review, Policy, inventory_
         capacity=capacity_for(case.get("pods")),
         exceptions=excs,
         now=now,
+        cel_check=cel_checker(),
     )
     return review(obj, policy=policy, inventory=inv, ctx=ctx), policy, inv, ctx
 

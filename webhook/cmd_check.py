@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -70,6 +71,10 @@ def load_policy(path: str | None) -> Policy:
         raise UsageError(f"policy {path}: {exc}") from None
 
 
+# What a cluster file may hold: `kubectl get nodes,resourceslices,deviceclasses,pods -o yaml`.
+CLUSTER_KINDS = ("Node", "ResourceSlice", "DeviceClass", "Pod")
+
+
 def load_cluster(path: str | None, policy: Policy) -> tuple[inventory_mod.Inventory, list[dict[str, Any]]]:
     """The inventory from a nodes file, and the Pods that file also holds (kubectl get nodes,pods)."""
     if not path:
@@ -78,11 +83,14 @@ def load_cluster(path: str | None, policy: Policy) -> tuple[inventory_mod.Invent
         objects = load_objects([path])
     except ManifestError as exc:
         raise UsageError(f"nodes: {exc}") from None
-    other = [o for o in objects if o.get("kind") not in ("Node", "Pod")]
+    other = [o for o in objects if o.get("kind") not in CLUSTER_KINDS]
     if other:
-        raise UsageError(f"nodes {path}: expected Node (or Pod) objects, found kind {other[0].get('kind')!r}")
-    nodes = [o for o in objects if o.get("kind") == "Node"]
-    return inventory_mod.build(nodes, policy), [o for o in objects if o.get("kind") == "Pod"]
+        raise UsageError(
+            f"nodes {path}: expected Node, ResourceSlice, DeviceClass (or Pod) objects, found kind "
+            f"{other[0].get('kind')!r}"
+        )
+    inv = inventory_mod.build_cluster(objects, policy)
+    return inv, [o for o in objects if o.get("kind") == "Pod"]
 
 
 def load_pods(paths: list[str] | None, extra: list[dict[str, Any]]) -> Capacity | None:
@@ -122,6 +130,29 @@ def load_exceptions(objects: list[dict[str, Any]], now: float) -> dict[str, tupl
             print(f"gpu-admission: warning: exception {e.ref} expired {e.until_text}: ignored", file=sys.stderr)
         parsed.append(e)
     return exceptions_mod.index(parsed)
+
+
+def cel_checker() -> Callable[[str], str | None] | None:
+    """A check that a DRA CEL selector parses, from cel-python when installed (the `cel` extra); the API
+    server compiles the selectors of every claim, template and class it stores, so only files need it."""
+    try:
+        import celpy
+    except ImportError:
+        return None
+    env = celpy.Environment()
+    seen: dict[str, str | None] = {}
+
+    def check(expression: str) -> str | None:
+        if expression not in seen:
+            try:
+                env.compile(expression)
+                seen[expression] = None
+            except Exception as exc:  # celpy's parse error, or another from its parser on odd input
+                column = getattr(exc, "column", None)
+                seen[expression] = f"at column {column}" if isinstance(column, int) else type(exc).__name__
+        return seen[expression]
+
+    return check
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -169,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     exceptions = load_exceptions(objects, now)
 
+    cel_check = cel_checker()
     if inv.empty:
         print(
             "gpu-admission: warning: no GPU inventory (--nodes or policy pools): rack placement, sizes and MIG "
@@ -190,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
             reservations=reservations.active(),
             exceptions=exceptions.get(ns, ()),
             now=now,
+            cel_check=cel_check,
         )
         r = review(obj, policy=policy, inventory=inv, ctx=ctx, mutate=not args.no_mutate)
         if r.placement is not None and r.allowed:

@@ -333,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
             state.watch_nodes(client)
         state.watch_namespaces(client)
         state.watch_targets(client)
+        state.watch_dra(client, slices=not args.nodes)
         state.watch_pods(client)
         state.watch_exceptions(client)
     elif cm:

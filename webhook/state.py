@@ -14,14 +14,17 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.coalesce import Coalescer
+from cluster.dra import PATHS as DRA_PATHS
+from cluster.dra import SliceIndex, slim_slice, slim_spec
 from cluster.namespaced import IndexSnapshot, NamespacedIndex
 from cluster.nodes import NODE_DECODERS, NodeTransform
 from cluster.pods import PodEntry, PodSnapshot, PodView
+from policies import dra
 from policies import exceptions as exceptions_mod
 from policies import inventory as inventory_mod
 from policies.document import MAX_POLICY_BYTES, Policy, PolicyError, default_policy, parse_policy_text
@@ -98,6 +101,12 @@ class State:
         self.exceptions_source = "none"
         self._expired_reported: set[str] = set()
         self.expired_reported = 0
+        # DRA (resource.k8s.io/v1): devices per node from ResourceSlices, and the DeviceClasses (None: the
+        # cluster's are not known, the NVIDIA driver's names are assumed). watch_dra keeps them current.
+        self._devices: dict[str, dra.NodeDevices] = {}
+        self._classes: dra.Classes | None = None
+        self._slices = SliceIndex()
+        self.dra_status: dict[str, Any] = {"served": None}
 
     def snapshot(self) -> Snapshot:
         return self._snap
@@ -107,7 +116,7 @@ class State:
     def set_policy(self, policy: Policy, source: str) -> None:
         with self._lock:
             changed = policy.hash != self._snap.policy.hash
-            inv = _build(self._node_objects(), policy)  # pools and rack label depend on the policy
+            inv = self._build(self._node_objects(), policy)  # pools and rack label depend on the policy
             self._snap = Snapshot(policy, inv, self._snap.namespaces, self._snap.resolve)
             self.status.policy_source = source
             self.status.policy_error = None
@@ -126,11 +135,19 @@ class State:
         log.error("policy rejected, keeping the last good one", extra={"error": error, "source": source})
 
     def set_nodes(self, nodes: list[dict[str, Any]], source: str, synced: bool = True) -> None:
-        """A whole new set of Node objects (a nodes file), cut down like the watch's."""
+        """A whole new set of Node objects (a nodes file), cut down like the watch's; ResourceSlices and
+        DeviceClasses among them are the cluster's DRA devices and classes, as `check --nodes` reads them."""
+        slices = [o for o in nodes if o.get("kind") == "ResourceSlice"]
+        classes = [o for o in nodes if o.get("kind") == "DeviceClass"]
+        nodes = [o for o in nodes if o.get("kind") not in ("ResourceSlice", "DeviceClass")]
         nodes = [slim for slim in map(self.node_transform, nodes) if slim is not None]
         with self._lock:
-            self._nodes = nodes
-            inv = _build(nodes, self._snap.policy)
+            self._nodes = [o for o in nodes if o.get("kind") not in ("ResourceSlice", "DeviceClass")]
+            if slices:
+                self._devices = dra.node_devices(slices)
+            if classes:
+                self._classes = dra.classes_from_objects(classes)
+            inv = self._build(self._nodes, self._snap.policy)
             self._snap = Snapshot(self._snap.policy, inv, self._snap.namespaces, self._snap.resolve)
             self.status.inventory_source = source
             self.status.inventory_synced = synced
@@ -140,11 +157,15 @@ class State:
         with self._lock:
             s = self._snap
             pools = s.policy.pools
+            devices = self._devices
             changes = {
-                key: inventory_mod.node_from_object(obj, pools) if obj is not None else None
+                key: inventory_mod.node_from_object(obj, pools, devices.get(key)) if obj is not None else None
                 for key, obj in batch.items()
             }
             self._snap = Snapshot(s.policy, s.inventory.apply(changes), s.namespaces, s.resolve)
+
+    def _build(self, nodes: Iterable[dict[str, Any]], policy: Policy) -> Inventory:
+        return _build(nodes, policy, self._devices, self._classes)
 
     def _node_objects(self) -> Iterable[dict[str, Any]]:
         refl = self._node_reflector
@@ -271,7 +292,7 @@ class State:
             if not built.is_set():
                 startup.__exit__(None, None, None)  # before _build collects: the list left cyclic garbage
                 with self._lock:
-                    inv = _build(refl.snapshot().values(), self._snap.policy)
+                    inv = self._build(refl.snapshot().values(), self._snap.policy)
                     self._snap = Snapshot(self._snap.policy, inv, self._snap.namespaces, self._snap.resolve)
                 built.set()
             self.status.inventory_synced = True
@@ -374,6 +395,60 @@ class State:
                 log.warning("exception expired: ignored", extra={"exception": ref, "until": until})
         return sum(1 for es in snap.by_namespace.values() for e in es if e.expired(now))
 
+    def watch_dra(self, client: Any, slices: bool = True) -> bool:
+        """When the cluster serves resource.k8s.io/v1: DeviceClasses and (with `slices`, i.e. when Nodes are
+        watched too) ResourceSlices into the inventory, ResourceClaims and ResourceClaimTemplates into the
+        resolver (read-only caches, cut down as decoded). Returns whether DRA is served."""
+        from cluster import dra as cluster_dra
+        from cluster.reflector import Change, Reflector
+
+        ok, why = cluster_dra.served(client)
+        self.dra_status = {"served": ok, **({"note": why} if why else {})}
+        if not ok:
+            log.info("DRA not watched", extra={"reason": why})
+            return False
+
+        def classes_changed(change: Change) -> None:
+            if change.type != "SYNCED" and not classes.synced:
+                return  # the first list's end (SYNCED) applies them all at once
+            found = dra.classes_from_objects(classes.snapshot().values())
+            with self._lock:
+                self._classes = found
+                s = self._snap
+                self._snap = Snapshot(s.policy, s.inventory.with_classes(found), s.namespaces, s.resolve)
+
+        classes = Reflector(
+            client, DRA_PATHS["DeviceClass"], name="deviceclasses", on_change=classes_changed, transform=slim_spec
+        )
+        self._reflectors.append(classes.start())
+        if slices:
+
+            def slices_changed(change: Change) -> None:
+                for node in self._slices.apply(change):
+                    found = dra.node_devices(self._slices.slices(node))
+                    with self._lock:
+                        if node in found:
+                            self._devices[node] = found[node]
+                        else:
+                            self._devices.pop(node, None)
+                    refl, batches = self._node_reflector, self.node_batches
+                    obj = refl.get(node) if refl is not None else None
+                    if obj is not None and batches is not None:
+                        batches.put(node, obj)  # the node's entry is rebuilt with its devices
+
+            refl = Reflector(
+                client,
+                DRA_PATHS["ResourceSlice"],
+                name="resourceslices",
+                on_change=slices_changed,
+                transform=slim_slice,
+            )
+            self._reflectors.append(refl.start())
+        for kind in ("ResourceClaim", "ResourceClaimTemplate"):
+            self._targets[kind] = Reflector(client, DRA_PATHS[kind], name=kind.lower() + "s", transform=slim_spec)
+            self._reflectors.append(self._targets[kind].start())
+        return True
+
     def ready(self) -> tuple[bool, dict[str, Any]]:
         snap = self._snap
         inv = snap.inventory
@@ -396,12 +471,20 @@ class State:
             "namespacesSynced": self.status.namespaces_synced,
             "podView": self._pod_view_details(),
             "exceptions": self._exception_details(),
+            "dra": self._dra_details(),
             **self.status.extra,
         }
         ok = (self.status.inventory_synced or self.status.inventory_source == "none") and self.status.namespaces_synced
         if self.status.policy_source.startswith("configmap:") and self.status.policy_loaded_at == 0.0:
             ok = False
         return ok, details
+
+    def _dra_details(self) -> dict[str, Any]:
+        classes = self._classes
+        out = dict(self.dra_status)
+        out["deviceClasses"] = len(classes.by_name) if classes is not None else None
+        out["nodesWithDevices"] = len(self._devices)
+        return out
 
     def _pod_view_details(self) -> dict[str, Any]:
         view = self.pods
@@ -437,12 +520,17 @@ def _entry_version(e: PodEntry) -> str | None:
     return e.version
 
 
-def _build(nodes: Iterable[dict[str, Any]], policy: Policy) -> Inventory:
+def _build(
+    nodes: Iterable[dict[str, Any]],
+    policy: Policy,
+    devices: Mapping[str, dra.NodeDevices] | None = None,
+    classes: dra.Classes | None = None,
+) -> Inventory:
     """A whole inventory, built with the cyclic garbage collector paused, then frozen out of it: its containers
     have no cycles (refcounting frees them), and left in the oldest generation they would make every full
     collection scan them all, a pause of tens of milliseconds in the middle of an admission request."""
     with gc_paused():
-        inv = inventory_mod.build(nodes, policy)
+        inv = inventory_mod.build(nodes, policy, devices, classes)
     # Collect first: freezing would keep whatever cyclic garbage exists now forever (a paused list leaves
     # every page's HTTP response, content included, in reference cycles: 700 MiB at 50,000 nodes).
     gc.collect()
