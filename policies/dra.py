@@ -310,7 +310,7 @@ def _sharing(config: Any) -> dict[str, str]:
             continue
         share = params.get("sharing")
         strategy = share.get("strategy") if isinstance(share, dict) else None
-        if strategy not in SHARING_STRATEGIES:
+        if not isinstance(strategy, str) or strategy not in SHARING_STRATEGIES:
             continue
         names = entry.get("requests")
         for n in names if isinstance(names, list) and names else [""]:
@@ -336,7 +336,7 @@ def _by_container(spec: Json, by_claim: Mapping[str, list[int]], asks: list[Clai
             res = c.get("resources")
             used = res.get("claims") if isinstance(res, dict) else None
             for u in used if isinstance(used, list) else []:
-                if not isinstance(u, dict) or u.get("name") not in by_claim:
+                if not isinstance(u, dict) or not isinstance(u.get("name"), str) or u["name"] not in by_claim:
                     continue
                 req = u.get("request")
                 for idx in by_claim[u["name"]]:

@@ -3,6 +3,7 @@ keeps them (golden cases in tests/cases/dra/ are the behaviour; these pin the pa
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster.dra import SliceIndex, slim_slice, slim_spec
 from cluster.reflector import Change
@@ -233,3 +236,83 @@ def test_check_names_a_kind_a_cluster_file_cannot_hold(tmp_path: Path) -> None:
         f"gpu-admission: error: nodes {bad}: expected Node, ResourceSlice, DeviceClass (or Pod) objects, found kind "
         "'ConfigMap'"
     ]
+
+
+# -- hostile shapes ---------------------------------------------------------------------------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 20) | st.text(max_size=12) | st.sampled_from(["gpu", "mig", "g"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+def _plant(value: Any, path: tuple[Any, ...], into: Any) -> Any:
+    """A copy of `into` with `value` at `path` (created where missing)."""
+    out = copy.deepcopy(into)
+    cur = out
+    for key in path[:-1]:
+        cur = cur[key]
+    cur[path[-1]] = value
+    return out
+
+
+GOOD_TEMPLATE = _template(
+    "t",
+    [
+        {
+            "name": "gpus",
+            "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2, "selectors": [{"cel": {"expression": "x"}}]},
+        }
+    ],
+    [
+        {
+            "requests": ["gpus"],
+            "opaque": {"driver": "gpu.nvidia.com", "parameters": {"kind": "GpuConfig", "sharing": MPS}},
+        }
+    ],
+)
+GOOD_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "p", "namespace": "ml"},
+    "spec": {
+        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "t"}],
+        "containers": [
+            {
+                "name": "c",
+                "resources": {"claims": [{"name": "gpus"}], "limits": {dra.EXTENDED_PREFIX + "gpu.nvidia.com": 1}},
+            }
+        ],
+    },
+}
+POD_PATHS = [
+    ("spec", "resourceClaims"),
+    ("spec", "resourceClaims", 0),
+    ("spec", "resourceClaims", 0, "name"),
+    ("spec", "resourceClaims", 0, "resourceClaimTemplateName"),
+    ("spec", "containers", 0, "resources", "claims"),
+    ("spec", "containers", 0, "resources", "claims", 0, "name"),
+    ("spec", "containers", 0, "resources", "limits"),
+]
+TEMPLATE_PATHS = [
+    ("spec", "spec", "devices"),
+    ("spec", "spec", "devices", "requests", 0),
+    ("spec", "spec", "devices", "requests", 0, "exactly"),
+    ("spec", "spec", "devices", "requests", 0, "exactly", "count"),
+    ("spec", "spec", "devices", "requests", 0, "exactly", "deviceClassName"),
+    ("spec", "spec", "devices", "requests", 0, "exactly", "selectors"),
+    ("spec", "spec", "devices", "config", 0, "requests"),
+    ("spec", "spec", "devices", "config", 0, "opaque", "parameters", "sharing"),
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=JSON, pod_path=st.sampled_from(POD_PATHS), tpl_path=st.sampled_from(TEMPLATE_PATHS), where=st.booleans())
+def test_any_value_anywhere_in_a_claim_gives_a_verdict(value: Any, pod_path: Any, tpl_path: Any, where: bool) -> None:
+    pod = _plant(value, pod_path, GOOD_POD) if where else GOOD_POD
+    tpl = GOOD_TEMPLATE if where else _plant(value, tpl_path, GOOD_TEMPLATE)
+    lookup = _lookup(tpl, classes=dra.classes_from_objects([{"metadata": {"name": "gpu.nvidia.com"}, "spec": value}]))
+    ask = pod_ask(pod, dra.Lookup(lookup.classes, lookup.resolve, "ml", lambda e: None if e == "x" else "bad"))
+    assert all(isinstance(n, int) and n >= 0 for c in ask.containers for n in c.claimed.values())
+    assert dra.node_devices([_slice("n", [value]), {"spec": value}, value]) is not None
