@@ -159,6 +159,7 @@ class Policy:
     gang_kueue: bool = False
     gang_volcano: bool = False
     gang_kai_topology: str = ""
+    gang_workload: bool = False  # Kubernetes' own Workload API: a Job's spec.scheduling (gang + topology)
     levels: tuple[str, ...] = ()  # topology.levels, narrowest first; () = auto-detected
 
     def pool(self, name: str) -> Pool | None:
@@ -406,7 +407,7 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
         pl, "reservationSeconds", 120, "placement", minimum=1, maximum=MAX_RESERVATION_SECONDS
     )
     gang = c.mapping(pl, "gangSchedulers", "placement")
-    c.known(gang, ("kueue", "volcano", "kaiTopology"), "placement.gangSchedulers")
+    c.known(gang, ("kueue", "volcano", "kaiTopology", "workload"), "placement.gangSchedulers")
 
     if c.errors:
         raise PolicyError(c.errors)
@@ -437,6 +438,7 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
         gang_kueue=c.boolean(gang, "kueue", False, "placement.gangSchedulers"),
         gang_volcano=c.boolean(gang, "volcano", False, "placement.gangSchedulers"),
         gang_kai_topology=c.string(gang, "kaiTopology", "", "placement.gangSchedulers"),
+        gang_workload=c.boolean(gang, "workload", False, "placement.gangSchedulers"),
     )
 
 

@@ -275,6 +275,8 @@ def _via_gang_scheduler(s: Subject, p: Pod, rack: str) -> bool:
     from policies.subject import meta_map
 
     pol = s.policy
+    if pol.gang_workload and s.kind == "Job":
+        return _job_scheduling(s, rack)
     if pol.gang_volcano and s.kind == "VolcanoJob":
         spec = child(s.obj, "spec")
         if isinstance(spec, dict) and spec.get("networkTopology") is None:
@@ -300,6 +302,25 @@ def _via_gang_scheduler(s: Subject, p: Pod, rack: str) -> bool:
             ann[KAI_TOPOLOGY] = pol.gang_kai_topology
             ann[KAI_REQUIRED] = rack
             return True
+    return False
+
+
+def _job_scheduling(s: Subject, key: str) -> bool:
+    """Kubernetes' own gang (1.37 Workload API through the Job's `spec.scheduling`, WorkloadWithJob): all pods or
+    none (minCount = parallelism), in one domain of `key` (a PodGroup topology constraint). Instead of
+    podAffinity, which upstream warns can make a PodGroup unplaceable. Never overwrites what the user set."""
+    spec = child(s.obj, "spec")
+    pods = spec.get("parallelism", 1) if isinstance(spec, dict) else 0
+    if not isinstance(pods, int) or isinstance(pods, bool) or pods < 2:
+        return False
+    sched = spec.get("scheduling")
+    constraints = {"topology": [{"key": key}]}
+    if sched is None:
+        spec["scheduling"] = {"schedulingPolicy": {"gang": {"minCount": pods}}, "schedulingConstraints": constraints}
+        return True
+    if isinstance(sched, dict) and sched.get("schedulingConstraints") is None:
+        sched["schedulingConstraints"] = constraints  # the user's own policy (gang or basic) kept as it is
+        return True
     return False
 
 
@@ -709,6 +730,9 @@ def _rack_constraint(s: Subject, p: Pod) -> bool:
         return True
     # Scheduler keys count only where their scheduler reads them (policies/schedkeys.py).
     if schedkeys.kueue_required(s, p) in fine or schedkeys.kai_required(s) in fine:
+        return True
+    workload = schedkeys.workload_topology(s, p)
+    if workload is not None and (workload in fine or workload == schedkeys.WORKLOAD_GROUP):
         return True
     level = next((i for i, lv in enumerate(s.inventory.levels) if domain and lv.key == domain[0]), None)
     return schedkeys.volcano_confines(s, p, level)

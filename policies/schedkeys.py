@@ -39,6 +39,27 @@ def kueue_required(s: Subject, p: Pod) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def workload_topology(s: Subject, p: Pod) -> str | None:
+    """The node label Kubernetes' Workload API keeps the job's pods in: a Job's `spec.scheduling` topology
+    constraint, or (when the policy says the cluster runs it) any pod of a PodGroup, whose group carries the
+    Job's constraint. Reading a pod's PodGroup would need the API: the Job it came from was judged at apply."""
+    if s.kind == "Job":
+        spec = s.obj.get("spec")
+        sched = spec.get("scheduling") if isinstance(spec, dict) else None
+        cons = sched.get("schedulingConstraints") if isinstance(sched, dict) else None
+        topo = cons.get("topology") if isinstance(cons, dict) else None
+        keys = [t.get("key") for t in topo if isinstance(t, dict)] if isinstance(topo, list) else []
+        return next((k for k in keys if isinstance(k, str) and k), None)
+    group = p.spec.get("schedulingGroup")
+    if s.policy.gang_workload and isinstance(group, dict) and group.get("podGroupName"):
+        return WORKLOAD_GROUP
+    return None
+
+
+# Stands for "the PodGroup's own constraint" (a pod of a PodGroup): counts as at any level.
+WORKLOAD_GROUP = "\x00podgroup"
+
+
 def kai_required(s: Subject) -> str | None:
     """The level KAI keeps the workload in: the top owner's required placement, with its Topology named."""
     ann = meta_map(s.obj, "annotations")
@@ -77,10 +98,11 @@ def volcano_confines(s: Subject, p: Pod, level_index: int | None) -> bool:
 
 
 def uses_topology_scheduler(s: Subject, p: Pod) -> bool:
-    """Kueue TAS, KAI or Volcano network topology asked for where the scheduler reads it."""
+    """Kueue TAS, KAI, Volcano network topology or the Workload API's topology constraint asked for where the
+    scheduler reads it."""
     kueue = any(k.startswith(KUEUE_PREFIX) and k.endswith("topology") for k in meta_map(p.pod, "annotations"))
     kai = bool(meta_map(s.obj, "annotations").get(KAI_TOPOLOGY))
-    return kueue or kai or _volcano(s, p)[0] in ("hard", "soft")
+    return kueue or kai or _volcano(s, p)[0] in ("hard", "soft") or workload_topology(s, p) is not None
 
 
 def misplaced(s: Subject) -> list[str]:
