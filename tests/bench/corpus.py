@@ -18,7 +18,7 @@ import yaml
 
 from policies import inventory as inventory_mod
 from policies.document import Policy, default_policy
-from policies.engine import review
+from policies.engine import ReviewContext, review
 from policies.inventory import Inventory
 from tests.serverproc import ROOT
 
@@ -186,6 +186,36 @@ def training_pod(*, from_mutated_template: bool = True, name: str = "llama3-8b-s
     return managed_fields(pod, "pytorch-operator")
 
 
+EIGHT_GPUS = {"deviceClassName": "gpu.nvidia.com", "count": 8}
+CLAIM_TEMPLATE: Json = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "eight-gpus", "namespace": "ml-research"},
+    "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": EIGHT_GPUS}]}}},
+}
+
+
+def training_claim_pod() -> Json:
+    """The 8-GPU worker pod taking its GPUs through DRA instead: a claim from CLAIM_TEMPLATE (resolved from
+    the case's related objects, as the server resolves it from its cache)."""
+    pod = training_pod()
+    spec = pod["spec"]
+    spec["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}]
+    res = spec["containers"][0]["resources"]
+    for section in ("limits", "requests"):
+        res.get(section, {}).pop("nvidia.com/gpu", None)
+    res["claims"] = [{"name": "gpus"}]
+    return pod
+
+
+def context(related: tuple[Json, ...]) -> ReviewContext | None:
+    """A review context resolving `related` objects by (kind, namespace, name), or None without any."""
+    if not related:
+        return None
+    index = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]): o for o in related}
+    return ReviewContext(resolve=lambda kind, ns, name: index.get((kind, ns, name)))
+
+
 def inference_replica_pod(name: str = "llama3-8b-instruct-7d9f8c6b5d-x2x7k") -> Json:
     """A replica of the inference Deployment, as its ReplicaSet creates it (from the mutated template)."""
     dep = review(inference_deployment(), policy=policy(), inventory=inventory()).object
@@ -228,10 +258,11 @@ class Case:
     what: str
     obj: Json
     headline: bool = False
+    related: tuple[Json, ...] = ()  # objects the review resolves (a claim's template)
 
     @functools.cached_property
     def mutated(self) -> Json:
-        r = review(self.obj, policy=policy(), inventory=inventory(), validate=False)
+        r = review(self.obj, policy=policy(), inventory=inventory(), ctx=context(self.related), validate=False)
         return jsonpatch.apply_patch(self.obj, list(r.patch)) if r.patch else self.obj
 
 
@@ -247,6 +278,12 @@ def engine_corpus() -> list[Case]:
             "training-pod-8gpu-fresh",
             "the same pod from an unmutated template (mutations apply)",
             training_pod(from_mutated_template=False),
+        ),
+        Case(
+            "training-pod-8gpu-dra",
+            "the same worker taking 8 GPUs through a ResourceClaimTemplate (DRA)",
+            training_claim_pod(),
+            related=(CLAIM_TEMPLATE,),
         ),
         Case("pytorchjob-2x8", "PyTorchJob, Master + Worker templates, 8 GPUs each", pytorchjob()),
         Case("jobset-2x8", "JobSet, 2 x 8 GPUs, Kueue TAS", jobset()),

@@ -95,7 +95,7 @@ def run(quick: bool = False, tag: str = "") -> dict[str, Any]:
     common.say(f"engine: {len(corpus.engine_corpus())} objects x 3 variants, {rounds} rounds x {iterations} calls")
     for case in corpus.engine_corpus():
         obj, mutated = case.obj, case.mutated
-        r = review(obj, policy=pol, inventory=inv)
+        r = review(obj, policy=pol, inventory=inv, ctx=corpus.context(case.related))
         row: dict[str, Any] = {
             "case": case.name,
             "what": case.what,
@@ -104,10 +104,11 @@ def run(quick: bool = False, tag: str = "") -> dict[str, Any]:
             "mutations": list(r.mutations),
             "patch_ops": len(r.patch),
         }
+        c = corpus.context(case.related)
         variants = {
-            "mutate+validate": lambda obj=obj: review(obj, policy=pol, inventory=inv),
-            "mutate-only": lambda obj=obj: review(obj, policy=pol, inventory=inv, validate=False),
-            "validate-only": lambda mutated=mutated: review(mutated, policy=pol, inventory=inv, mutate=False),
+            "mutate+validate": lambda obj=obj, c=c: review(obj, policy=pol, inventory=inv, ctx=c),
+            "mutate-only": lambda obj=obj, c=c: review(obj, policy=pol, inventory=inv, ctx=c, validate=False),
+            "validate-only": lambda m=mutated, c=c: review(m, policy=pol, inventory=inv, ctx=c, mutate=False),
         }
         gc.collect()
         for name, fn in variants.items():
