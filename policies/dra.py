@@ -180,6 +180,13 @@ class Lookup:
     namespace: str
     cel_check: Callable[[str], str | None] | None = None  # a one-line parse error, or None
 
+    def reads(self, spec: Json) -> bool:
+        """The pod spec asks anything through DRA (cheap: most pods do not)."""
+        return asks_through_dra(spec, self.classes)
+
+    def with_claims(self, pod: Json, containers: list[ContainerAsk]) -> tuple[list[ContainerAsk], PodClaims | None]:
+        return with_claims(pod, containers, self)
+
 
 def pod_claims(pod: Json, lookup: Lookup) -> PodClaims:
     spec = pod.get("spec")

@@ -20,10 +20,13 @@ from policies.inventory import Inventory
 from policies.mutations import MUTATIONS
 from policies.native import COVERED_KINDS as NATIVE_KINDS
 from policies.patch import JsonOp, diff
-from policies.resources import is_gpu_resource
+from policies.resources import NVIDIA_PREFIX
 from policies.rules import RULES
 from policies.subject import ReviewContext, Subject, build
 from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, containers, effective_kind, templates
+
+# Resource names that ask for a GPU: device-plugin ones, and DRA's implicit claims of a class.
+GPU_PREFIXES = (NVIDIA_PREFIX, dra.EXTENDED_PREFIX)
 
 __all__ = ["Finding", "Placement", "Review", "ReviewContext", "RuleResult", "review"]
 
@@ -319,7 +322,9 @@ def _mentions_gpu(obj: Json, ctx: ReviewContext, classes: dra.Classes) -> bool:
             if isinstance(res, dict):
                 for section in ("limits", "requests"):
                     amounts = res.get(section)
-                    if isinstance(amounts, dict) and any(_gpu_name(k, mapped) for k in amounts):
+                    if isinstance(amounts, dict) and any(
+                        isinstance(k, str) and (k.startswith(GPU_PREFIXES) or k in mapped) for k in amounts
+                    ):
                         return True
     for holder in (obj, *pods):
         meta = holder.get("metadata")
@@ -329,11 +334,6 @@ def _mentions_gpu(obj: Json, ctx: ReviewContext, classes: dra.Classes) -> bool:
                 if isinstance(keys, dict) and any(isinstance(k, str) and k.startswith(userkeys.PREFIX) for k in keys):
                     return True
     return False
-
-
-def _gpu_name(key: object, mapped: frozenset[str]) -> bool:
-    """A GPU resource name: nvidia.com/*, or an extended resource served through DRA."""
-    return isinstance(key, str) and (is_gpu_resource(key) or key.startswith(dra.EXTENDED_PREFIX) or key in mapped)
 
 
 def _internal_error(rule_id: str, exc: Exception, policy: Policy, denials: list[Finding], warnings: list[str]) -> str:

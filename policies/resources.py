@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from policies.workloads import Json
@@ -36,6 +37,9 @@ def is_mig(name: str) -> bool:
     return name.startswith("nvidia.com/mig-")
 
 
+NOTHING: Mapping[str, int] = MappingProxyType({})  # one shared empty mapping: most containers claim nothing
+
+
 @dataclass(frozen=True)
 class ContainerAsk:
     """The nvidia.com/* resources of one container (values from limits, else requests)."""
@@ -49,7 +53,7 @@ class ContainerAsk:
     # Devices asked through DRA (claims, or extended resources a DeviceClass serves), as the device-plugin
     # resource they amount to (policies/dra.py). Kept apart from `amounts`: the limits rules (whole numbers,
     # request == limit, one shared unit) are about what the user wrote in limits.
-    claimed: Mapping[str, int] = field(default_factory=dict)
+    claimed: Mapping[str, int] = field(default_factory=lambda: NOTHING)
 
     def total(self, name: str) -> int:
         return self.amounts.get(name, 0) + self.claimed.get(name, 0)
@@ -144,11 +148,8 @@ def pod_ask(pod: Json, lookup: Lookup | None = None) -> PodAsk:
             if isinstance(items, list):
                 out.extend(container_ask(c, init, i) for i, c in enumerate(items) if isinstance(c, dict))
     claims = None
-    if lookup is not None and isinstance(spec, dict):
-        from policies import dra
-
-        if dra.asks_through_dra(spec, lookup.classes):
-            out, claims = dra.with_claims(pod, out, lookup)
-    app = sum(c.total(GPU) for c in out if not c.init)
-    init_max = max((c.total(GPU) for c in out if c.init), default=0)
+    if lookup is not None and isinstance(spec, dict) and lookup.reads(spec):
+        out, claims = lookup.with_claims(pod, out)
+    app = sum(c.amounts.get(GPU, 0) + c.claimed.get(GPU, 0) for c in out if not c.init)
+    init_max = max((c.amounts.get(GPU, 0) + c.claimed.get(GPU, 0) for c in out if c.init), default=0)
     return PodAsk(containers=tuple(out), whole_gpus=max(app, init_max), claims=claims)
