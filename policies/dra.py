@@ -78,6 +78,10 @@ def _selector_text(selectors: Any) -> list[str]:
     return out
 
 
+# Extended resources the NVIDIA driver's own classes serve (gpu.nvidia.com: nvidia.com/gpu on resource.k8s.io/v1).
+BUILT_IN_EXTENDED = frozenset(c.extended for c in BUILT_IN.values() if c.extended)
+
+
 def class_from_object(obj: Json) -> DeviceClass | None:
     """A DeviceClass object read by what its CEL selects (None when it has no name)."""
     meta = obj.get("metadata")
@@ -128,6 +132,13 @@ class Classes:
             if c.extended:
                 table[c.extended] = c
         return table
+
+    @cached_property
+    def served_names(self) -> frozenset[str]:
+        """Every extended resource a class serves (pods may ask devices by these names)."""
+        if not self.served:
+            return BUILT_IN_EXTENDED
+        return frozenset(c.extended for c in self.by_name.values() if c.extended)
 
     @cached_property
     def extended_names(self) -> frozenset[str]:

@@ -7,7 +7,7 @@ must land in). Everything here is computed once per inventory change, not per re
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, overload
 
@@ -40,6 +40,9 @@ class Offer:
     compute: int
     kind: str
     profile: str = ""
+    # Published by a DRA driver under a name no DeviceClass serves as an extended resource: pods can claim
+    # such devices, never ask them by this name (gpu-slice must not rewrite a container to it).
+    claim_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)  # slots: 50,000 of them, a dict each would be ~30 MB
@@ -352,10 +355,6 @@ class Inventory:
     def level_index(self, kind: str) -> int | None:
         return next((i for i, lv in enumerate(self.levels) if lv.kind == kind), None)
 
-    def with_classes(self, classes: dra.Classes) -> Inventory:
-        """The same nodes with other DeviceClasses (a class changed: nothing node-side did)."""
-        return replace(self, classes=classes)
-
     def apply(self, changes: Mapping[str, GpuNode | None]) -> Inventory:
         """The next version: entry key -> node (added or replaced) or None (removed). Costs what the changed
         nodes touch, except when the detected rack label changes (every node's rack is re-read)."""
@@ -406,10 +405,16 @@ def _resources_from_labels(labels: Mapping[str, str], sharing: str, mig_strategy
     return out
 
 
-def node_from_object(node: Json, pools: Sequence[Pool] = (), devices: dra.NodeDevices | None = None) -> GpuNode | None:
+def node_from_object(
+    node: Json,
+    pools: Sequence[Pool] = (),
+    devices: dra.NodeDevices | None = None,
+    served: frozenset[str] = dra.BUILT_IN_EXTENDED,
+) -> GpuNode | None:
     """A GpuNode from a Node object, or None for a node with no GPU. `devices`: what the NVIDIA DRA driver's
     ResourceSlices publish for it, read as the offers a device plugin would advertise (the Node's own
-    allocatable wins for a resource both name)."""
+    allocatable wins for a resource both name; `served`: the extended resources DeviceClasses map, the names a
+    pod may ask such devices by)."""
     labels = _labels(node)
     meta = node.get("metadata")
     name = meta.get("name") if isinstance(meta, dict) else None
@@ -426,14 +431,20 @@ def node_from_object(node: Json, pools: Sequence[Pool] = (), devices: dra.NodeDe
     mig_strategy = labels.get(MIG_STRATEGY_LABEL, "none")
     if mig_strategy not in ("single", "mixed"):
         mig_strategy = "single" if info and info.mig_profile else "none"
-    resources = _gpu_resources(node) or _resources_from_labels(labels, sharing, mig_strategy)
+    resources = _gpu_resources(node)
+    if not resources and devices is None:  # a DRA node's GPUs are what its slices publish, not its labels
+        resources = _resources_from_labels(labels, sharing, mig_strategy)
+    claim_only: frozenset[str] = frozenset()
     if devices is not None:
+        claim_only = frozenset(devices.resources) - set(resources) - served
         resources = {**devices.resources, **resources}
     if not resources and labels.get("nvidia.com/gpu.present") != "true":
         return None
     pool = next((p.name for p in pools if all(labels.get(k) == v for k, v in p.node_selector.items())), None)
     parted = gpulabels.partitioned(labels, info.mig_profile if info else None, resources)
-    built = _build(name, labels, product, info, sharing, mig_strategy, resources, pool, partitioned=parted)
+    built = _build(
+        name, labels, product, info, sharing, mig_strategy, resources, pool, partitioned=parted, claim_only=claim_only
+    )
     if devices is not None and devices.memory_bytes > built.memory_bytes:
         return _with_memory(built, devices.memory_bytes)
     return built
@@ -442,7 +453,9 @@ def node_from_object(node: Json, pools: Sequence[Pool] = (), devices: dra.NodeDe
 def _with_memory(n: GpuNode, memory: int) -> GpuNode:
     """The node with the card memory the DRA driver reports (capacity `memory`) on its whole-GPU offers."""
     offers = tuple(
-        _shared_offer(Offer(o.resource, o.count, memory, o.compute, o.kind, o.profile)) if o.kind == "whole" else o
+        _shared_offer(Offer(o.resource, o.count, memory, o.compute, o.kind, o.profile, o.claim_only))
+        if o.kind == "whole"
+        else o
         for o in n.offers
     )
     values: list[Any] = [
@@ -472,6 +485,7 @@ def _build(
     *,
     partitioned: bool,
     declared: bool = False,
+    claim_only: frozenset[str] = frozenset(),
 ) -> GpuNode:
     # Same nominal reading for whole cards: an H100 80GB reports 81559 MiB but is "the 80 GiB GPU".
     gpu_mem = _int_label(labels, "nvidia.com/gpu.memory") * _MIB
@@ -487,7 +501,7 @@ def _build(
             # little smaller, and matching on it would push a `10Gi` ask past the 10gb slice users mean.
             mem = parsed.memory_gb * 2**30
             kind = "shared" if parsed.shared or shared else "mig"
-            offers.append(Offer(resource, count, mem, parsed.compute, kind, parsed.profile))
+            offers.append(Offer(resource, count, mem, parsed.compute, kind, parsed.profile, resource in claim_only))
         elif resource == GPU and mig_strategy == "single" and info and info.mig_profile:
             p = mig.parse_mig_resource(mig.resource_name(info.mig_profile))
             mem = p.memory_gb * 2**30 if p else 0
@@ -495,7 +509,7 @@ def _build(
                                 info.mig_profile))  # fmt: skip
         elif resource in (GPU, GPU_SHARED):
             kind = "shared" if shared or resource == GPU_SHARED else "whole"
-            offers.append(Offer(resource, count, gpu_mem, 0, kind))
+            offers.append(Offer(resource, count, gpu_mem, 0, kind, claim_only=resource in claim_only))
             if kind == "whole":
                 whole = count
     return GpuNode(
@@ -573,8 +587,9 @@ def build(
     devices ResourceSlices publish per node name, and the cluster's DeviceClasses, when it serves DRA."""
     found: dict[str, GpuNode] = {}
     devices = devices or {}
+    served = classes.served_names if classes is not None else dra.BUILT_IN_EXTENDED
     for obj in nodes:
-        n = node_from_object(obj, policy.pools, devices.get(_name(obj))) if isinstance(obj, dict) else None
+        n = node_from_object(obj, policy.pools, devices.get(_name(obj)), served) if isinstance(obj, dict) else None
         if n is not None:
             key = n.name if n.name not in found else f"{n.name}\x00{len(found)}"  # a file may repeat names
             found[key] = n

@@ -162,7 +162,7 @@ def choose_slice(nodes: NodeSet, ask: int, allow_shared: bool) -> tuple[Offer, N
     groups = list(nodes.members_of("offer"))
     best: tuple[tuple[int, int, int, str, str, str, int], Offer] | None = None
     for (_, o, mem), _members in groups:
-        if (o.kind == "shared" and not allow_shared) or o.profile.endswith("+me") or mem < ask:
+        if (o.kind == "shared" and not allow_shared) or o.profile.endswith("+me") or mem < ask or o.claim_only:
             continue
         key = (mem, o.compute or 99, -o.count, o.resource, o.kind, o.profile, o.memory_bytes)
         if best is None or key < best[0]:

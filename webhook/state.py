@@ -158,8 +158,9 @@ class State:
             s = self._snap
             pools = s.policy.pools
             devices = self._devices
+            served = self._classes.served_names if self._classes is not None else dra.BUILT_IN_EXTENDED
             changes = {
-                key: inventory_mod.node_from_object(obj, pools, devices.get(key)) if obj is not None else None
+                key: inventory_mod.node_from_object(obj, pools, devices.get(key), served) if obj is not None else None
                 for key, obj in batch.items()
             }
             self._snap = Snapshot(s.policy, s.inventory.apply(changes), s.namespaces, s.resolve)
@@ -415,7 +416,9 @@ class State:
             with self._lock:
                 self._classes = found
                 s = self._snap
-                self._snap = Snapshot(s.policy, s.inventory.with_classes(found), s.namespaces, s.resolve)
+                # Rebuilt, not patched: which device offers pods may ask by name depends on the classes (rare).
+                inv = self._build(self._node_objects(), s.policy)
+                self._snap = Snapshot(s.policy, inv, s.namespaces, s.resolve)
 
         classes = Reflector(
             client, DRA_PATHS["DeviceClass"], name="deviceclasses", on_change=classes_changed, transform=slim_spec
