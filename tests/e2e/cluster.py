@@ -71,6 +71,22 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "clusterrole-aggregation-controller",
 )
 
+#: What Kubernetes 1.37 needs switched on for the product's DRA and Workload-aware tests (verified against
+#: k8s.io/kubernetes@v1.37.2 pkg/features/kube_features.go): DRA is GA and locked on since 1.35 and its
+#: extended-resource mapping (DRAExtendedResource) GA in 1.37, so they need nothing; the Workload / PodGroup API
+#: (scheduling.k8s.io/v1beta1) is beta but off by default (GenericWorkload), and beta APIs must also be enabled
+#: through --runtime-config; PodGroup topology constraints are alpha (TopologyAwareWorkloadScheduling).
+#: WorkloadWithJob (alpha: the Job controller gangs every Indexed Job with parallelism == completions > 1) stays
+#: off: it changes how every placement test's Job is scheduled.
+WORKLOAD_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"
+#: Controllers of newer releases: resourceclaim-controller makes a pod's ResourceClaims from its templates
+#: (DRA, on by default since 1.34); podgroup-protection-controller keeps a PodGroup while pods use it.
+CONTROLLERS_SINCE: dict[int, tuple[str, ...]] = {
+    34: ("resourceclaim-controller",),
+    37: ("podgroup-protection-controller",),
+}
+
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 ADMIN_USER = "admin"
@@ -100,13 +116,21 @@ class KubectlError(ControlPlaneError):
 # Building / locating binaries
 
 
-def build_binaries(*, force: bool = False, timeout: float = 3600.0) -> Path:
-    """Run scripts/controlplane/build.sh (instant when cached) and return the bin dir it prints.
+#: The newest release the proxy serves, with the etcd it is built against: what the DRA and Workload-API tests
+#: need (resource.k8s.io/v1 with DeviceClass extended resources, scheduling.k8s.io/v1beta1), whatever the
+#: default of build.sh is.
+LATEST = ("v1.37.2", "v3.7.3")
 
-    ``GPU_ADMISSION_CONTROLPLANE_BIN`` overrides the build with an existing directory of binaries.
+
+def build_binaries(*, force: bool = False, timeout: float = 3600.0, release: tuple[str, str] | None = None) -> Path:
+    """Run scripts/controlplane/build.sh (instant when cached) and return the bin dir it prints; `release`
+    (Kubernetes, etcd) instead of build.sh's default, e.g. LATEST.
+
+    ``GPU_ADMISSION_CONTROLPLANE_BIN`` overrides the build with an existing directory of binaries (not for a
+    `release`: those tests need that release).
     Raises ControlPlaneError with the tail of the build output when the build fails.
     """
-    override = os.environ.get("GPU_ADMISSION_CONTROLPLANE_BIN")
+    override = os.environ.get("GPU_ADMISSION_CONTROLPLANE_BIN") if release is None else None
     if override:
         bin_dir = Path(override)
         missing = [
@@ -120,8 +144,9 @@ def build_binaries(*, force: bool = False, timeout: float = 3600.0) -> Path:
     if not BUILD_SCRIPT.is_file():
         raise ControlPlaneError(f"build script not found: {BUILD_SCRIPT}")
     cmd = ["bash", str(BUILD_SCRIPT), *(["--force"] if force else [])]
+    env = {**os.environ, "K8S_VERSION": release[0], "ETCD_VERSION": release[1]} if release else None
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired as exc:
         raise ControlPlaneError(f"{BUILD_SCRIPT} did not finish within {timeout:.0f}s") from exc
     if proc.returncode != 0:
@@ -146,23 +171,38 @@ def pinned_versions() -> dict[str, str]:
     return out
 
 
+def binary_minor(path: Path) -> int:
+    """The minor version a kube-apiserver binary reports (`--version` prints "Kubernetes v1.37.2")."""
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ControlPlaneError(f"{path} --version: {exc}") from None
+    m = re.search(r"v1\.(\d+)\.", out)
+    if not m:
+        raise ControlPlaneError(f"{path} --version printed no version: {out.strip()!r}")
+    return int(m.group(1))
+
+
 def find_kubectl(server_minor: int | None = None) -> str:
-    """The kubectl to use: ``$GPU_ADMISSION_KUBECTL``, else ``kubectl.1.<minor>`` of the pinned server minor
-    beside the kubectl on PATH (the Google Cloud SDK ships versioned clients there), else ``kubectl``."""
+    """The kubectl to use: ``$GPU_ADMISSION_KUBECTL``, else the versioned client beside the kubectl on PATH (the
+    Google Cloud SDK ships ``kubectl.1.27`` … ``kubectl.1.33`` there) closest to the server minor without being
+    newer, else ``kubectl``. For a v1.37 server that is kubectl 1.33: four minors apart, outside kubectl's
+    supported skew of one, which the tests live with because they use only generic verbs (apply, create, get,
+    delete, label, patch, get --raw) that resolve kinds through discovery (docs/controlplane.md)."""
     env = os.environ.get("GPU_ADMISSION_KUBECTL")
     if env:
         return env
     if server_minor is None:
         server_minor = int(pinned_versions()["kubernetes"].split(".")[1])
     plain = shutil.which("kubectl")
-    if server_minor is not None:
-        name = f"kubectl.1.{server_minor}"
-        candidates = [shutil.which(name)]
-        if plain:
-            candidates += [str(Path(plain).parent / name), str(Path(plain).resolve().parent / name)]
-        for c in candidates:
-            if c and os.access(c, os.X_OK):
-                return c
+    dirs = [Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    if plain:
+        dirs += [Path(plain).parent, Path(plain).resolve().parent]
+    for minor in range(server_minor, server_minor - 8, -1):
+        for d in dirs:
+            c = d / f"kubectl.1.{minor}"
+            if os.access(c, os.X_OK):
+                return str(c)
     if plain:
         return plain
     raise ControlPlaneError("kubectl not found on PATH (set GPU_ADMISSION_KUBECTL to its path)")
@@ -449,6 +489,7 @@ class ControlPlane:
         controllers: Iterable[str] = DEFAULT_CONTROLLERS,
         scheduler_config: Mapping[str, Any] | None = None,
         extra_apiserver_args: Sequence[str] = (),
+        feature_gates: str = "",
         timeout: float = 60.0,
         keep_workdir: bool | None = None,
         verbosity: int = 1,
@@ -459,11 +500,14 @@ class ControlPlane:
                 raise ControlPlaneError(
                     f"{self.bin_dir / b} is missing or not executable (run {BUILD_SCRIPT.relative_to(REPO_ROOT)})"
                 )
-        self.kubectl_path = kubectl or find_kubectl()
+        self.minor = binary_minor(self.bin_dir / "kube-apiserver")
+        self.kubectl_path = kubectl or find_kubectl(self.minor)
         self._workdir_arg = Path(workdir) if workdir else None
-        self.controllers = tuple(controllers)
+        extra = [c for since, names in sorted(CONTROLLERS_SINCE.items()) if self.minor >= since for c in names]
+        self.controllers = tuple(dict.fromkeys([*controllers, *extra]))
         self.scheduler_overrides = dict(scheduler_config or {})
         self.extra_apiserver_args = list(extra_apiserver_args)
+        self.feature_gates = feature_gates  # more gates for every component ("WorkloadWithJob=true")
         self.timeout = timeout
         if keep_workdir is None:
             keep_workdir = os.environ.get("GPU_ADMISSION_E2E_KEEP", "") not in ("", "0")
@@ -587,6 +631,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--v={self.verbosity}",
+                *self._gates("apiserver"),
                 *self.extra_apiserver_args,
             ],
         )
@@ -618,6 +663,7 @@ class ControlPlane:
                 f"--secure-port={self.ports['scheduler']}",
                 f"--cert-dir={self.workdir / 'scheduler-certs'}",
                 *delegated,
+                *self._gates("scheduler"),
                 f"--v={self.verbosity}",
             ],
         )
@@ -632,6 +678,7 @@ class ControlPlane:
                 f"--cert-dir={self.workdir / 'controller-manager-certs'}",
                 "--leader-elect=false",
                 f"--controllers={','.join(self.controllers)}",
+                *self._gates("controller-manager"),
                 f"--service-account-private-key-file={pki.sa_key}",
                 f"--root-ca-file={pki.ca_cert}",
                 "--use-service-account-credentials=false",
@@ -657,6 +704,14 @@ class ControlPlane:
             timeout=self.timeout,
         )
         self.phase_seconds["kube-controller-manager"] = time.monotonic() - mark
+
+    def _gates(self, component: str) -> list[str]:
+        """Feature gates (and, for the API server, API versions) the release needs switched on."""
+        gates = [g for g in (WORKLOAD_GATES if self.minor >= 37 else "", self.feature_gates) if g]
+        out = [f"--feature-gates={','.join(gates)}"] if gates else []
+        if component == "apiserver" and self.minor >= 37:
+            out.append(f"--runtime-config={WORKLOAD_API}")
+        return out
 
     def _launch(self, name: str, cmd: list[str]) -> None:
         log = self.workdir / "logs" / f"{name}.log"
