@@ -72,8 +72,17 @@ def webhook(dra_cluster: ControlPlane) -> Iterator[Webhook]:
 
 
 @pytest.fixture
-def namespace(dra_cluster: ControlPlane, request: pytest.FixtureRequest) -> str:
-    return pl.new_namespace(dra_cluster, request.node.name.lower())
+def namespace(dra_cluster: ControlPlane, webhook: Webhook, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace; afterwards its pods are force-deleted (no kubelet finishes a graceful deletion) and
+    the webhook's pod view has seen them go, so the next test finds every rack free."""
+    cp = dra_cluster
+    name = pl.new_namespace(cp, request.node.name.lower())
+    try:
+        yield name
+    finally:
+        cp.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force", check=False)
+        cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        pl.wait_pod_view(webhook, cp)
 
 
 def wait_devices(wh: Webhook, nodes: int, timeout: float = 30.0) -> dict[str, Any]:
