@@ -412,7 +412,7 @@ MORE_HOSTILE = [
      "Forbidden: may not be specified when operator is DoesNotExist"),
     ({"workloads": {"selector": {"matchExpressions": [{"key": "a", "operator": "In", "values": ["a b"]}]}}},
      "spec.workloads.selector.matchExpressions[0].values[0]: Invalid value: 'a b': must be a label value"),
-    ({"rules": ["training-same-rack"] * 11}, "spec.rules: Too many: 11: must have at most 10 items"),
+    ({"rules": ["training-same-rack"] * 12}, "spec.rules: Too many: 12: must have at most 11 items"),  # 11 rules
     ({"rules": "training-same-rack"}, "spec.rules: Required value: name at least one rule id"),
     ({"until": ""}, "spec.until: Required value: an RFC 3339 date-time"),
     ({"until": 5}, "spec.until: Required value"),
