@@ -316,6 +316,7 @@ NOT_NATIVE: Mapping[str, str] = {
     "online-no-timeslice": "needs the node inventory (time-sliced nodes a pod is pinned to)",
     "inference-warm-pool": "reads another object (the autoscaler's target)",
     "gpu-request-fits": "needs the node inventory (largest node, offered MIG profiles, GPU memory)",
+    "dra-claims": "reads other objects (the pod's ResourceClaims and templates) and the cluster's DeviceClasses",
     "gpu-admission-annotations": "its value parsing and did-you-mean hints have no CEL equivalent with the same "
     "verdicts (quantities are parsed by our own grammar)",
     "training-elastic-shrink (HorizontalPodAutoscaler, ScaledObject)": "reads another object (the target's class)",
