@@ -290,6 +290,23 @@ def test_penalty_phrase() -> None:
     assert penalty_phrase(even).startswith("all-reduce about as fast across racks")
 
 
+# The display bounds, both sides: below 1.05× is "about as fast"; from 10× on, no decimal (≈10×, not ≈10.0×).
+@pytest.mark.parametrize(
+    ("penalty", "shown"),
+    [
+        (1.0499, "all-reduce about as fast across cliques as in one"),
+        (1.05, "all-reduce ≈1.1× slower across cliques than in one"),
+        (9.94, "all-reduce ≈9.9× slower across cliques than in one"),
+        (10.0, "all-reduce ≈10× slower across cliques than in one"),
+        (12.4, "all-reduce ≈12× slower across cliques than in one"),
+    ],
+)
+def test_penalty_phrase_display_bounds(penalty: float, shown: str) -> None:
+    est = placement_estimate(16 * 2**20, 16, 8)
+    context = " (16 MiB, ring, 400/200 Gb/s, 2:1 oversub)"
+    assert penalty_phrase(est, "cliques", penalty) == shown + context
+
+
 def _hier(**kw: float) -> float:
     args: dict[str, float] = {"size_bytes": 1, "gpus_per_node": 8, "nodes": 2, "node_gbytes_per_s": 50.0,
                               "net_gbytes_per_s": 25.0}  # fmt: skip
