@@ -307,6 +307,19 @@ def test_penalty_phrase_display_bounds(penalty: float, shown: str) -> None:
     assert penalty_phrase(est, "cliques", penalty) == shown + context
 
 
+def test_estimate_reports_its_job_and_picks_the_fastest_placement() -> None:
+    est = placement_estimate(S_16MB, 8, 8)
+    assert (est.total_gpus, est.gpus_per_node, est.nodes, est.best) == (8, 8, 2, "intra-node")
+    # Without NVLink (PCIe at 100 Gb/s) beside an 800 Gb/s network, two nodes beat one: "best" is the fastest
+    # time, not the first placement that exists.
+    slow_links = placement_estimate(16 * 2**20, 8, 8, Bandwidths(nvlink_gbps=100, network_gbps=800))
+    assert slow_links.best == "intra-rack"
+    assert slow_links.intra_rack_ratio == 1.0
+    assert slow_links.intra_node_ms is not None and slow_links.intra_rack_ms is not None
+    assert slow_links.intra_node_ratio == pytest.approx(slow_links.intra_node_ms / slow_links.intra_rack_ms)
+    assert slow_links.intra_node_ratio > 1
+
+
 def _hier(**kw: float) -> float:
     args: dict[str, float] = {"size_bytes": 1, "gpus_per_node": 8, "nodes": 2, "node_gbytes_per_s": 50.0,
                               "net_gbytes_per_s": 25.0}  # fmt: skip
@@ -337,6 +350,8 @@ def _hier(**kw: float) -> float:
         (lambda: Bandwidths(alpha_network_us=-1), "alpha_network_us must be ≥ 0, got -1"),
         (lambda: Bandwidths(cross_rack_hop_us=math.inf), "cross_rack_hop_us must be a finite number, got inf"),
         (lambda: placement_estimate(0, 8, 8), "message size must be a whole number of bytes ≥ 1, got 0"),
+        (lambda: placement_estimate(True, 8, 8), "message size must be a whole number of bytes ≥ 1, got True"),
+        (lambda: placement_estimate(1.5, 8, 8), "message size must be a whole number of bytes ≥ 1, got 1.5"),
         (lambda: placement_estimate(1, 0, 8), "total_gpus must be a whole number ≥ 1, got 0"),
         (lambda: placement_estimate(1, 8, 0), "gpus_per_node must be a whole number ≥ 1, got 0"),
         (lambda: algbw_gbytes_per_s(1, 0.0), "time_ms must be > 0, got 0.0"),

@@ -240,3 +240,24 @@ def test_every_rule_is_shown_denying() -> None:
         if not case.get("xfail"):
             denied.update(case["expect"].get("denials") or [])
     assert sorted(set(RULE_IDS) - denied) == [], "rules no case shows denying"
+
+
+def test_elasticity_without_a_resolver() -> None:
+    """`serve` before its workload cache (or without cluster access) reviews an HPA with no resolver: targets
+    are not looked up, a training kind is still known by its kind, and nothing raises."""
+    policy = policy_for(None)
+    inv = inventory_for(DEFAULT_NODES, policy)
+    ctx = ReviewContext(resolve=None)
+    for kind, allowed in (("Deployment", True), ("PyTorchJob", False)):
+        hpa = {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "scaler", "namespace": "ml"},
+            "spec": {"scaleTargetRef": {"kind": kind, "name": "llama"}, "minReplicas": 0, "maxReplicas": 4},
+        }
+        r = review(hpa, policy=policy, inventory=inv, ctx=ctx)
+        assert r.allowed is allowed, summary(r)
+        assert not [x for x in r.results if x.outcome == "error"], summary(r)
+        if not allowed:
+            assert [d.rule for d in r.denials] == ["training-elastic-shrink"], summary(r)
+            assert "scales training workload PyTorchJob llama" in r.denials[0].message
