@@ -137,12 +137,13 @@ class State:
     def set_nodes(self, nodes: list[dict[str, Any]], source: str, synced: bool = True) -> None:
         """A whole new set of Node objects (a nodes file), cut down like the watch's; ResourceSlices and
         DeviceClasses among them are the cluster's DRA devices and classes, as `check --nodes` reads them."""
-        slices = [o for o in nodes if o.get("kind") == "ResourceSlice"]
-        classes = [o for o in nodes if o.get("kind") == "DeviceClass"]
-        nodes = [o for o in nodes if o.get("kind") not in ("ResourceSlice", "DeviceClass")]
-        nodes = [slim for slim in map(self.node_transform, nodes) if slim is not None]
+        kinds = [o.get("kind") if isinstance(o, dict) else None for o in nodes]  # garbage: the transform counts it
+        slices = [o for o, k in zip(nodes, kinds, strict=True) if k == "ResourceSlice"]
+        classes = [o for o, k in zip(nodes, kinds, strict=True) if k == "DeviceClass"]
+        others = [o for o, k in zip(nodes, kinds, strict=True) if k not in ("ResourceSlice", "DeviceClass")]
+        nodes = [slim for slim in map(self.node_transform, others) if slim is not None]
         with self._lock:
-            self._nodes = [o for o in nodes if o.get("kind") not in ("ResourceSlice", "DeviceClass")]
+            self._nodes = nodes
             if slices:
                 self._devices = dra.node_devices(slices)
             if classes:

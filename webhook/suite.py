@@ -36,6 +36,7 @@ from policies.document import (
 from policies.engine import Review, ReviewContext, review
 from policies.placement import Capacity
 from policies.subject import pod_facts
+from webhook.cmd_check import cel_checker
 from webhook.manifests import MANIFEST_SUFFIXES, Limits, ManifestError, load_objects, parse_documents
 from webhook.state import capacity_of
 
@@ -339,6 +340,7 @@ class Builder:
         self.limits = limits
         self._files: dict[str, list[dict[str, Any]]] = {}
         self._policies: dict[str, Policy] = {}
+        self.cel_check = cel_checker()  # DRA CEL selectors judged as `check` judges them
 
     def objects(self, ref: str) -> list[dict[str, Any]]:
         """The objects of a file named relative to the suite's base (read once, bounded like `check -f`)."""
@@ -362,8 +364,9 @@ class Builder:
         elif isinstance(nodes, list):
             objects = nodes
         else:
-            objects = [o for o in self.objects(str(nodes)) if o.get("kind") == "Node"]
-        return inventory_mod.build(copy.deepcopy(objects), policy)
+            objects = list(self.objects(str(nodes)))
+        # Nodes plus the ResourceSlices and DeviceClasses beside them, as `check --nodes` reads a cluster.
+        return inventory_mod.build_cluster(copy.deepcopy(objects), policy)
 
     def capacity(self, pods: Any) -> Capacity | None:
         """The pod view of `pods` (a list of Pods or a file of them); None without the key (placement by
@@ -386,6 +389,7 @@ class Builder:
             capacity=self.capacity(case.get("pods", self.settings.pods)),
             exceptions=excs,
             now=now,
+            cel_check=self.cel_check,
         )
         return review(obj, policy=policy, inventory=inv, ctx=ctx), policy, inv, ctx
 
