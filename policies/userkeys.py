@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from policies.quantity import QuantityError, format_bytes, parse_bytes
+from policies.quantity import QuantityError, parse_bytes
 
 PREFIX = "gpu-admission.io/"
 WORKLOAD = PREFIX + "workload"
@@ -103,10 +103,6 @@ def _parse(key: str, raw: Any) -> tuple[Any, str]:
             return None, "must be a positive memory quantity such as 10Gi"
         return amount, ""
     return None, "unknown key"
-
-
-def describe_memory(amount: int) -> str:
-    return format_bytes(amount)
 
 
 def namespace_mode(labels: Mapping[str, str] | None, default: str) -> tuple[str, str | None]:
