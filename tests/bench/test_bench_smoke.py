@@ -135,7 +135,7 @@ def test_apiprofile_quick(out_dir: Path) -> None:
         assert set(r["paths_ms_per_pod"]) == {label for label, _ in apiprofile.PATHS}
         if config in ("none", "cel"):  # no webhook registered: the API server made no webhook call
             assert r["paths_ms_per_pod"][calls] == 0, (config, r["paths_ms_per_pod"])
-    assert set(data["configs"]) == {"none", "noop", "webhook", "cel", "noop-2", "webhook-2"}
+    assert set(data["configs"]) == {"none", "noop", "webhook", "cel", "noop-2", "webhook-2", "native"}
 
 
 def test_scale_quick(out_dir: Path) -> None:
