@@ -348,3 +348,19 @@ def test_reviews_of_unrelated_objects_in_between_change_nothing() -> None:
     for _ in range(2):
         assert [decide(c, shared) for c in cases] == fresh
     assert shared._candidates
+
+
+def test_managed_fields_are_shared_never_patched_and_keep_their_place() -> None:
+    """engine._copy shares metadata.managedFields with the input instead of copying it: the input must stay
+    untouched, the patch must never name it, and the mutated object keeps metadata's key order."""
+    from tests.bench import corpus
+
+    pod = corpus.training_pod(from_mutated_template=False)
+    assert "managedFields" in pod["metadata"]
+    before = copy.deepcopy(pod)
+    r = review(pod, policy=POLICY, inventory=INVENTORY)
+    assert r.mutations and r.patch  # the fresh pod is mutated: the copy was edited
+    assert pod == before
+    assert not any(op["path"].startswith("/metadata/managedFields") for op in r.patch)
+    assert r.object["metadata"]["managedFields"] == before["metadata"]["managedFields"]
+    assert list(r.object["metadata"]) == list(before["metadata"])
