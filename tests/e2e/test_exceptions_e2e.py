@@ -163,8 +163,15 @@ def test_an_exception_lets_one_workload_through_one_rule_and_stops_when_it_expir
 
     # The workload really exists, and the audit log says which exception let it through.
     assert apply(cp, namespace, elastic_job("dpo")).returncode == 0
-    records = [r for r in webhook.audit_records() if r.get("name") == "dpo" and r.get("namespace") == namespace]
-    assert any(r.get("exceptions") == [f"{namespace}/dpo-trial"] for r in records), records[-3:]
+
+    def dpo_excepted(r: dict[str, Any]) -> bool:
+        return (
+            r.get("name") == "dpo"
+            and r.get("namespace") == namespace
+            and r.get("exceptions") == [f"{namespace}/dpo-trial"]
+        )
+
+    assert webhook.wait_audit(dpo_excepted), webhook.audit_records()[-3:]
 
     cp.kubectl("delete", "pytorchjob", "dpo", "-n", namespace)  # (an unchanged re-apply is never sent to us)
 

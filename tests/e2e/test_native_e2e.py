@@ -251,11 +251,17 @@ def test_overlay_judges_native_rules_once_in_the_api_server(
         assert list(denied) == ["training-elastic-shrink"], (denied, other)
 
         job = creatable(_input("rules/training-queue-priority-warns"), namespace)
-        p = cp.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=job)
-        queue_warnings = [w for w in p.stderr.splitlines() if "training-queue-priority" in w]
-        assert len(queue_warnings) == 1 and "ValidatingAdmissionPolicy" in queue_warnings[0], p.stderr
         name = job["metadata"]["name"]
-        records = [x for x in wh.audit_records() if x.get("name") == name and x.get("webhook") == "validate"]
+        # The validating configuration can take effect a moment after the mutating one wait_effective probed,
+        # and the audit record lands after the answer: retry the dry run until the webhook's record is there.
+        deadline = time.monotonic() + 20
+        while True:
+            p = cp.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=job)
+            queue_warnings = [w for w in p.stderr.splitlines() if "training-queue-priority" in w]
+            assert len(queue_warnings) == 1 and "ValidatingAdmissionPolicy" in queue_warnings[0], p.stderr
+            records = wh.wait_audit(lambda x: x.get("name") == name and x.get("webhook") == "validate", 2.0)
+            if records or time.monotonic() > deadline:
+                break
         assert records, "the webhook was not called for the PyTorchJob"
         outcomes = {x["rule"]: x["outcome"] for x in records[-1]["rules"]}
         assert outcomes["training-queue-priority"] == "native", records[-1]

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,16 @@ class Webhook:
         assert self.server is not None
         text = self.server.audit.read_text() if self.server.audit.exists() else ""
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def wait_audit(self, match: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The audit records `match` accepts, once there is one: the server writes records from a queue after
+        it answers (see webhook/audit.py), so a record can land a moment after kubectl returns."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [x for x in self.audit_records() if match(x)]
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.1)
 
     def close(self) -> None:
         for cfg in self.configs:
