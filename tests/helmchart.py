@@ -30,6 +30,13 @@ OPTIONS: dict[str, list[str]] = {
         "--set", "audit.maxBytes=20Mi", "--set", "audit.backups=3", "--set", "audit.compress=true",
         "--set", "audit.queue=5000",
     ],
+    "limits": [
+        "--set", "limits.maxBody=16777216", "--set", "limits.maxConnections=900", "--set", "limits.idleTimeout=2.5",
+        "--set", "limits.handshakeTimeout=4",
+    ],
+    "validate-pods": ["--set", "validatePods=true"],
+    "native": ["--set", "native=true"],
+    "scan": ["--set", "scan.interval=3600", "--set", "scan.qps=5", "--set", "scan.pageSize=500"],
 }  # fmt: skip
 
 

@@ -104,7 +104,13 @@ def _kustomize(path: Path) -> list[dict[str, Any]]:
 
 @cache
 def _render(which: str) -> tuple[dict[str, Any], ...]:
-    return tuple(_kustomize({"base": DEPLOY, "cert-manager": OVERLAY, "validate-pods": VALIDATE_PODS}[which]))
+    paths = {
+        "base": DEPLOY,
+        "cert-manager": OVERLAY,
+        "validate-pods": VALIDATE_PODS,
+        "scan": DEPLOY / "overlays" / "scan",
+    }
+    return tuple(_kustomize(paths[which]))
 
 
 def docs_of(which: str) -> list[dict[str, Any]]:

@@ -130,9 +130,62 @@ def test_audit_options_reach_the_server_command() -> None:
     assert default.audit_stdout and default.audit_file is None
 
 
+def test_limits_reach_the_server_command(tmp_path: Path) -> None:
+    """Each limit value sets its flag; null leaves the server's default. From a values file numbers are float64
+    to Helm: an integer limit must still arrive as digits (16777216, not 1.6777216e+07)."""
+    (tmp_path / "limits.yaml").write_text(
+        "limits: {maxBody: 16777216, maxBytesInflight: 67108864, maxHeaderBytes: 65536, maxConnections: 900,\n"
+        "         headerTimeout: 3, bodyTimeout: 12.5, idleTimeout: 2.5, handshakeTimeout: 4}\n"
+    )
+    server = _server(template("-f", str(tmp_path / "limits.yaml")))
+    assert "16777216" in server["args"]
+    args = build_parser().parse_args(server["args"])
+    assert (args.max_body, args.max_bytes_inflight, args.max_header_bytes, args.max_connections) == (
+        16777216, 67108864, 65536, 900,
+    )  # fmt: skip
+    assert (args.header_timeout, args.body_timeout, args.idle_timeout, args.handshake_timeout) == (3, 12.5, 2.5, 4)
+    set_args = build_parser().parse_args(_server(template(*OPTIONS["limits"]))["args"])
+    assert (set_args.max_body, set_args.max_connections, set_args.idle_timeout, set_args.handshake_timeout) == (
+        16777216, 900, 2.5, 4,
+    )  # fmt: skip
+    default, parsed = build_parser().parse_args(_server(template())["args"]), set_args
+    assert (parsed.max_header_bytes, parsed.header_timeout) == (default.max_header_bytes, default.header_timeout)
+    assert [k[1] for k in _changed("limits")] == ["Deployment"]
+
+
+@pytest.mark.parametrize(("option", "render"), [("validate-pods", "validate-pods"), ("scan", "scan")])
+def test_overlay_values_give_the_overlay_objects(option: str, render: str) -> None:
+    """validatePods and scan.interval give what `kubectl apply -k deploy/overlays/<that>` applies."""
+    values = OPTIONS[option] if option != "scan" else ["--set", "scan.interval=3600"]
+    helm_objects = by_key(template(*values))
+    kustomize_objects = by_key(docs_of(render))
+    assert sorted(helm_objects) == sorted(kustomize_objects)
+    for key, obj in kustomize_objects.items():
+        assert helm_objects[key] == obj, key
+
+
+def test_scan_values_reach_the_server_command() -> None:
+    args = build_parser().parse_args(_server(template(*OPTIONS["scan"]))["args"])
+    assert (args.scan_interval, args.scan_qps, args.scan_page_size) == (3600, 5, 500)
+    assert build_parser().parse_args(_server(template())["args"]).scan_interval == 0
+    assert not [o for o in template() if o["metadata"]["name"] == "gpu-admission-scan"]
+
+
+def test_native_sets_the_flag_and_nothing_else() -> None:
+    assert build_parser().parse_args(_server(template(*OPTIONS["native"]))["args"]).native is True
+    assert build_parser().parse_args(_server(template())["args"]).native is False
+    assert [k[1] for k in _changed("native")] == ["Deployment"]
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
+        (["--set", "scan.interval=30"], "/scan/interval"),
+        (["--set", "limits.idleTimeout=0"], "/limits/idleTimeout"),
+        (["--set", "limits.idleTimeout=0.0"], "/limits/idleTimeout"),
+        (["--set", "limits.bodyTimeout=soon"], "/limits/bodyTimeout"),
+        (["--set", "limits.maxBody=-1"], "/limits/maxBody"),
+        (["--set", "validatePods=yes"], "/validatePods"),
         (["--set", "replicas=0"], "replicas"),
         (["--set", "failurePolicy=Maybe"], "failurePolicy"),
         (["--set", "certificates.mode=vault"], "/certificates/mode"),
