@@ -25,8 +25,11 @@ from policies.inventory import Inventory
 log = logging.getLogger("gpu-admission.scan")
 
 # (API path prefix, plural, kind), listed in this order: Deployments and StatefulSets before the autoscalers
-# that target them (resolved from what the scan has listed).
+# that target them, the Trainer's runtimes before the TrainJobs whose pods they hold (resolved from what the
+# scan has listed). A kind served at two versions is listed at both and judged once (by uid).
 KINDS: tuple[tuple[str, str, str], ...] = (
+    ("/apis/trainer.kubeflow.org/v1alpha1", "trainingruntimes", "TrainingRuntime"),
+    ("/apis/trainer.kubeflow.org/v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime"),
     ("/apis/apps/v1", "deployments", "Deployment"),
     ("/apis/apps/v1", "statefulsets", "StatefulSet"),
     ("/apis/apps/v1", "replicasets", "ReplicaSet"),
@@ -43,11 +46,18 @@ KINDS: tuple[tuple[str, str, str], ...] = (
     ("/apis/batch.volcano.sh/v1alpha1", "jobs", "Job.batch.volcano.sh"),
     ("/apis/ray.io/v1", "rayjobs", "RayJob"),
     ("/apis/ray.io/v1", "rayclusters", "RayCluster"),
+    ("/apis/ray.io/v1", "rayservices", "RayService"),
+    ("/apis/trainer.kubeflow.org/v1alpha1", "trainjobs", "TrainJob"),
+    ("/apis/serving.kserve.io/v1beta1", "inferenceservices", "InferenceService"),
+    ("/apis/serving.kserve.io/v1alpha2", "llminferenceservices", "LLMInferenceService"),
+    ("/apis/serving.kserve.io/v1alpha1", "llminferenceservices", "LLMInferenceService"),
     ("/api/v1", "pods", "Pod"),
     ("/apis/autoscaling/v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler"),
     ("/apis/keda.sh/v1alpha1", "scaledobjects", "ScaledObject"),
 )
-RESOLVED_KINDS = ("Deployment", "StatefulSet")  # HPA / ScaledObject targets, as the server resolves them
+# HPA / ScaledObject targets and TrainJob runtimes, as the server resolves them (webhook/state.py).
+RESOLVED_KINDS = ("Deployment", "StatefulSet", "TrainingRuntime", "ClusterTrainingRuntime")
+CLUSTER_SCOPED = frozenset({"ClusterTrainingRuntime"})  # listed whole even when the scan is of one namespace
 POLICY_KEY = "policy.yaml"
 
 
@@ -210,7 +220,8 @@ def run(
     for prefix, plural, kind in KINDS:
         if (prefix, plural) not in served:
             continue
-        path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+        scoped = namespace and kind not in CLUSTER_SCOPED
+        path = f"{prefix}/namespaces/{namespace}/{plural}" if scoped else f"{prefix}/{plural}"
         try:
             for i, obj in enumerate(lister.each(path)):
                 bad = scan_mod.unreadable(obj, kind, f"item {i}")
@@ -268,4 +279,6 @@ def _served_kinds(lister: Lister, result: ScanResult) -> set[tuple[str, str]]:
                     served.add((p, plural))
                 else:
                     result.not_served.append(kind)
+    at_some_version = {k for p, plural, k in KINDS if (p, plural) in served}
+    result.not_served[:] = [k for k in dict.fromkeys(result.not_served) if k not in at_some_version]
     return served
