@@ -13,6 +13,7 @@ from typing import Any, overload
 
 from policies import affinity, comm, dra, gpulabels, mig, nodeindex, topology
 from policies.document import Policy, Pool
+from policies.levelcounts import LevelCounts, Shape
 from policies.nodeindex import NodeIndex
 from policies.placement import memoize
 from policies.resources import GPU, GPU_SHARED, is_gpu_resource, parse_count
@@ -249,6 +250,8 @@ class Inventory:
     nvlink_key: str | None = None  # an NVLink-domain key on some GPU node, even when not a level
     level_setting: tuple[str, ...] = ()  # the policy's topology.levels this version was built for
     level_warnings: tuple[str, ...] = ()  # the levels' own warnings (also in warnings)
+    # What the levels are read from, per label value: a node added or removed updates them in O(its keys).
+    level_counts: LevelCounts = field(default_factory=lambda: LevelCounts(()))
     # The same object from version to version while no node came or went and nothing the levels read changed
     # (names, slots, level labels, whole-card GPUs): answers derived from those alone (placement's grouping
     # of candidates by domain) may be reused across heartbeats and label changes elsewhere.
@@ -628,6 +631,7 @@ def empty(policy: Policy, rack_label: str | None = None, classes: dra.Classes | 
         policy.rack,
         tuple(policy.pools),
         level_setting=tuple(policy.levels),
+        level_counts=LevelCounts(topology.candidate_keys(policy.levels, policy.rack)),
         classes=classes or dra.Classes(),
     ).apply({})
 
@@ -641,20 +645,28 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
     rack = inv.rack_label
     removed: list[GpuNode] = []
     added: list[GpuNode] = []
-    level_keys = _level_keys(inv)
-    levels_touched = False
+    counts = inv.level_counts
+    shapes_gone: list[Shape] = []
+    shapes_new: list[Shape] = []
     for key, n in changes.items():
         slot = index.slots.get(key)
         old = index.node(slot) if slot is not None else None
         if n is not None:
             n = changes[key] = _with_rack(n, rack)
-        levels_touched = levels_touched or not _same_level_facts(old, n, level_keys)
+        if not _same_level_facts(old, n):
+            gone, new = _shape(counts, old), _shape(counts, n)
+            if gone != new:
+                shapes_gone += [gone] if gone is not None else []
+                shapes_new += [new] if new is not None else []
         if old is not None and n is not None and _counted(old) == _counted(n):
             continue  # the usual status update: nothing the totals count has changed
         removed += [old] if old is not None else []
         added += [n] if n is not None else []
     index = index.apply(changes, _sets_of)
     totals = inv.totals.apply(removed, added) if removed or added else inv.totals
+    counts = counts.apply(shapes_gone, shapes_new) if shapes_gone or shapes_new else counts
+    # Any shape change, not the net delta: a node swapped for a same-shaped one still moves the topology epoch.
+    levels_touched = bool(shapes_gone or shapes_new)
     same_keys = index.has is inv.index.has
     detected = rack if same_keys else _rack_label(index, inv.rack_setting)
     if detected != rack:  # every node's rack changes: re-read them all (rare: the first GPU node with a rack label)
@@ -670,8 +682,9 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
     if not levels_touched and rack == inv.rack_label:  # heartbeats, and labels no level can read (health...)
         levels, level_warnings, nvlink_key = inv.levels, inv.level_warnings, inv.nvlink_key
     else:
-        # Levels read the nodes' labels: O(GPU nodes), only when a node came or went or a level input changed.
-        levels, found_warnings = _levels(index, inv, rack)
+        # From the counts: O(candidate keys), only when a node came or went or a level input changed.
+        levels, found_warnings = _levels(index, inv, counts, rack)
+        levels = inv.levels if levels == inv.levels else levels  # the same: keep what is derived from them
         level_warnings = tuple(found_warnings)
         nvlink_key = next((k for k in topology.NVLINK_KEYS if _labelled(index, k)), None)
     same_levels = levels is inv.levels
@@ -694,20 +707,21 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         nvlink_key=nvlink_key,
         level_setting=inv.level_setting,
         level_warnings=level_warnings,
+        level_counts=counts,
         topology_epoch=epoch,
         classes=inv.classes,
     )
 
 
-def _levels(index: NodeIndex, inv: Inventory, rack: str | None) -> tuple[tuple[topology.Level, ...], list[str]]:
+def _levels(
+    index: NodeIndex, inv: Inventory, counts: LevelCounts, rack: str | None
+) -> tuple[tuple[topology.Level, ...], list[str]]:
     """The topology levels over the whole-card nodes (all GPU nodes when there are none), and warnings."""
-    nodes = [n for _, n in index.all_nodes()]
-    placed = [n for n in nodes if n.whole_card] or nodes
-    keys = list(inv.level_setting) or topology.auto_keys([n.labels for n in placed], rack)
-    sized = [(n.labels, n.whole_gpus if n.whole_card else 0) for n in placed]
-    levels, warnings = topology.build_levels(sized, keys, declared=bool(inv.level_setting))
+    placed = counts.view()
+    keys = list(inv.level_setting) or topology.auto_keys(placed.present(), rack)
+    levels, warnings = topology.build_levels(placed, keys, declared=bool(inv.level_setting))
     setting = inv.rack_setting
-    if not nodes:
+    if not index.slots:
         return levels, warnings
     if setting != "auto" and not _labelled(index, setting):
         warnings.append(f"no GPU node carries the rack label {setting!r} set in topology.rack")
@@ -767,26 +781,20 @@ def _groups(index: NodeIndex) -> affinity.Groups:
     return affinity.Groups(whole=live & whole, not_whole=gpu & ~whole, exclusive=gpu & ~shared, shared=gpu & shared)
 
 
-def _level_keys(inv: Inventory) -> tuple[str, ...]:
-    """Every label key `_levels` may read: the declared levels, else any key auto-detection knows."""
-    declared = (*inv.level_setting, inv.rack_setting)
-    return declared if inv.level_setting else (*_AUTO_LEVEL_KEYS, inv.rack_setting)
+def _same_level_facts(old: GpuNode | None, new: GpuNode | None) -> bool:
+    """The usual status update (one C comparison of the labels): the node's shape for the levels is the same."""
+    return (
+        old is not None
+        and new is not None
+        and old.labels == new.labels
+        and old.whole_card == new.whole_card
+        and old.whole_gpus == new.whole_gpus
+    )
 
 
-_AUTO_LEVEL_KEYS = (*topology.NVLINK_KEYS, *topology.AUTO_ORDER, topology.ZONE)
-
-
-def _level_facts(n: GpuNode | None, keys: tuple[str, ...]) -> tuple[Any, ...] | None:
-    """What `_levels` reads of a node (None: no node): equal facts before and after a change leave the levels."""
-    if n is None:
-        return None
-    return (n.whole_card, n.whole_gpus, *(n.labels.get(k) for k in keys))
-
-
-def _same_level_facts(old: GpuNode | None, new: GpuNode | None, keys: tuple[str, ...]) -> bool:
-    if old is not None and new is not None and old.labels == new.labels:  # heartbeats: one C comparison
-        return old.whole_card == new.whole_card and old.whole_gpus == new.whole_gpus
-    return _level_facts(old, keys) == _level_facts(new, keys)
+def _shape(counts: LevelCounts, n: GpuNode | None) -> Shape | None:
+    """What the level counts read of a node (None: no node)."""
+    return counts.shape(n.labels, n.whole_card, n.whole_gpus) if n is not None else None
 
 
 def _counted(n: GpuNode) -> tuple[Any, ...]:

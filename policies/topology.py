@@ -14,8 +14,9 @@ inventory over the whole-card GPU nodes (where multi-node training runs).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
@@ -99,10 +100,9 @@ def kind_of(key: str) -> str:
     return "zone" if key in (ZONE, REGION) else "switch"
 
 
-def auto_keys(labels: Sequence[Mapping[str, str]], rack: str | None) -> list[str]:
+def auto_keys(present: Collection[str], rack: str | None) -> list[str]:
     """Level keys present on the nodes, narrowest first: an NVLink domain, the rack (`rack`, else the
     narrowest switch label found) and the coarser levels of its family, then the zone when any came before."""
-    present = {k for lab in labels for k in lab}
     keys = [next((k for k in NVLINK_KEYS if k in present), "")]
     if rack is None:
         rack = next((k for k in AUTO_ORDER if k in present), None)
@@ -115,50 +115,67 @@ def auto_keys(labels: Sequence[Mapping[str, str]], rack: str | None) -> list[str
     return [k for k in keys if k]
 
 
-def build_levels(
-    nodes: Sequence[tuple[Mapping[str, str], int]], keys: Sequence[str], declared: bool
-) -> tuple[tuple[Level, ...], list[str]]:
-    """Levels of `keys` over (labels, whole GPUs) of the whole-card nodes, and one-line warnings.
+def candidate_keys(declared: Sequence[str], rack_setting: str) -> tuple[str, ...]:
+    """Every key `auto_keys` or a declared `topology.levels` may make a level, in an order where any key
+    comes before each coarser key it may be checked to nest in (policies/levelcounts.py counts these)."""
+    if declared:
+        keys: Iterable[str] = declared
+    else:
+        custom = (rack_setting,) if rack_setting not in ("auto", *AUTO_ORDER) else ()
+        keys = (*NVLINK_KEYS, *AUTO_ORDER, *custom, ZONE)
+    return tuple(dict.fromkeys(keys))
+
+
+class LevelFacts(Protocol):
+    """What build_levels reads of the nodes it places jobs on (policies/levelcounts.py: LevelView)."""
+
+    @property
+    def total(self) -> int: ...
+    def key(self, key: str) -> KeyFacts: ...
+    def nests(self, fine: str, coarse: str) -> bool: ...
+
+
+class KeyFacts(Protocol):
+    @property
+    def have(self) -> int: ...
+    @property
+    def domains(self) -> Mapping[str, tuple[int, int]]: ...
+    @property
+    def largest(self) -> int: ...
+
+
+def build_levels(nodes: LevelFacts, keys: Sequence[str], declared: bool) -> tuple[tuple[Level, ...], list[str]]:
+    """Levels of `keys` over the counts of the whole-card nodes, and one-line warnings.
 
     Never a wrong hard constraint: an NVLink key on some nodes only is not a level (pinning a job to the
     clique nodes would strand one meant for the others); a level whose domains do not nest in the finer
     level kept before it is dropped (the order is then unknown)."""
     warnings: list[str] = []
     levels: list[Level] = []
+    total = nodes.total
     for key in keys:
-        have = [(lab[key], gpus) for lab, gpus in nodes if lab.get(key)]
+        facts = nodes.key(key)
+        have = facts.have
         where = "topology.levels" if declared else "auto-detected"
         if not have:
-            if declared and nodes:
+            if declared and total:
                 warnings.append(f"no whole-card GPU node carries {key!r} ({where}): level not used")
             continue
-        if len(have) < len(nodes):
+        if have < total:
             if kind_of(key) == "nvlink":
                 warnings.append(
-                    f"{key} is on {len(have)} of {len(nodes)} whole-card GPU nodes: NVLink domains are not used "
+                    f"{key} is on {have} of {total} whole-card GPU nodes: NVLink domains are not used "
                     f"to place jobs (claims of a ComputeDomain channel still are)"
                 )
                 continue
-            warnings.append(f"level label {key!r} is missing on {len(nodes) - len(have)} of {len(nodes)} GPU nodes")
-        if levels and not _nests(nodes, levels[-1].key, key):
+            warnings.append(f"level label {key!r} is missing on {total - have} of {total} GPU nodes")
+        if levels and not nodes.nests(levels[-1].key, key):
             warnings.append(
                 f"topology levels nest wrongly: a {levels[-1].key} domain spans several {key} domains; {key} not used"
             )
             continue
-        per: dict[str, int] = {}
-        for value, gpus in have:
-            per[value] = per.get(value, 0) + gpus
-        levels.append(Level(key, kind_of(key), len(per), max(per.values()), len(have)))
+        levels.append(Level(key, kind_of(key), len(facts.domains), facts.largest, have))
     return tuple(levels), warnings
-
-
-def _nests(nodes: Sequence[tuple[Mapping[str, str], int]], fine: str, coarse: str) -> bool:
-    seen: dict[str, str] = {}
-    for lab, _ in nodes:
-        f, c = lab.get(fine), lab.get(coarse)
-        if f and c and seen.setdefault(f, c) != c:
-            return False
-    return True
 
 
 def finer_keys(levels: Sequence[Level], upto: int) -> frozenset[str]:
