@@ -138,6 +138,25 @@ class NodeTransform:
         return out
 
 
+def same_content(old: JSON | None, new: JSON | None) -> bool:
+    """Two cut-down Nodes equal but for their resourceVersion: nothing the inventory reads has changed. Most
+    Node updates are such (kubelet status: conditions, images, heartbeats; all cut away by the transform)."""
+    if old is None or new is None or old.keys() != new.keys():
+        return False
+    for key, value in old.items():
+        other = new[key]
+        if key != "metadata":
+            if value != other:
+                return False
+        elif not isinstance(value, dict) or not isinstance(other, dict) or _unversioned(value) != _unversioned(other):
+            return False
+    return True
+
+
+def _unversioned(meta: JSON) -> JSON:
+    return {k: v for k, v in meta.items() if k != "resourceVersion"}
+
+
 def _amount_ok(name: str, amount: Any) -> bool:
     """Extended resources (GPUs among them) are whole, non-negative counts."""
     if isinstance(amount, bool):

@@ -262,11 +262,38 @@ class _Batch:
         for name in self.sets_of(node):
             _edit(self.set_edits, name, slot, add)
 
+    def _reindex(self, slot: int, old: Any, new: Any) -> None:
+        """A node replaced in its slot: its labels and sets diffed (a status update changes none of them, a
+        relabel one or two), not all of them removed and added again."""
+        if old.labels is not new.labels:
+            before, after = old.labels.items(), new.labels.items()
+            for k, v in before - after:
+                _edit(self.label_edits, (k, v), slot, add=False)
+                if k not in new.labels:
+                    _edit(self.has_edits, k, slot, add=False)
+            for k, v in after - before:
+                _edit(self.label_edits, (k, v), slot, add=True)
+                if k not in old.labels:
+                    _edit(self.has_edits, k, slot, add=True)
+        if old.name != new.name:
+            _edit(self.label_edits, (NAME_KEY, old.name), slot, add=False)
+            _edit(self.label_edits, (NAME_KEY, new.name), slot, add=True)
+        gone, came = list(self.sets_of(old)), list(self.sets_of(new))
+        if gone != came:
+            for name in gone:
+                _edit(self.set_edits, name, slot, add=False)
+            for name in came:
+                _edit(self.set_edits, name, slot, add=True)
+
     def run(self, changes: Mapping[str, Any | None]) -> NodeIndex:
         if not self.base.size:
             return self._load(changes)
         for key, node in changes.items():
             slot = self._slot(key)
+            if slot is not None and node is not None:  # replaced: only what differs is re-indexed
+                self._reindex(slot, self._get(slot), node)
+                self._put(slot, node)
+                continue
             if slot is not None:
                 self._index(slot, self._get(slot), add=False)
                 if node is None:

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from cluster.kubeclient import KubeError, decode_watch_event
-from cluster.nodes import NodeTransform, decode_event, decode_list
+from cluster.nodes import NodeTransform, decode_event, decode_list, same_content
 from tests.bench import clustergen
 from tests.test_node_watch import hostile
 
@@ -101,3 +101,28 @@ def test_nesting_past_the_limit_is_refused_not_a_crash() -> None:
         decode_list(page)
     with pytest.raises(orjson.JSONDecodeError):
         decode_event(b'{"type": "ADDED", "object": {"status": {"images": ' + deep + b"}}}")
+
+
+def _edited(edit: Any) -> dict[str, Any] | None:
+    obj = clustergen.node(5, heavy=True)
+    edit(obj)
+    return NodeTransform()(obj)
+
+
+@pytest.mark.parametrize(
+    ("edit", "same"),
+    [
+        (lambda o: o["metadata"].update(resourceVersion="99"), True),
+        (lambda o: o["status"].update(conditions=[{"type": "Ready", "status": "False"}], images=[]), True),
+        (lambda o: o["metadata"]["labels"].update({"gpu-admission.example/health": "degraded"}), False),
+        (lambda o: o["metadata"]["labels"].pop("topology.kubernetes.io/rack"), False),
+        (lambda o: o["status"]["allocatable"].update({"nvidia.com/gpu": "7"}), False),
+        (lambda o: o.setdefault("spec", {}).update(unschedulable=True), False),
+        (lambda o: o.setdefault("spec", {}).update(taints=[{"key": "k", "effect": "NoSchedule"}]), False),
+    ],
+    ids=["version", "status", "label-value", "label-gone", "gpus", "cordoned", "tainted"],
+)
+def test_an_update_is_dropped_only_when_nothing_the_inventory_reads_changed(edit: Any, same: bool) -> None:
+    before = _edited(lambda o: None)
+    assert same_content(before, _edited(edit)) is same
+    assert not same_content(None, before) and not same_content(before, None)  # added, deleted

@@ -82,7 +82,10 @@ def test_watch_builds_then_updates_node_by_node_and_survives_hostile_nodes(
     spoiled = copy.deepcopy(GOOD[1])  # an update that makes a good node unacceptable: it leaves the inventory
     spoiled["metadata"]["labels"].update({f"x.example/l{i}": "v" for i in range(MAX_LABELS + 1)})
     spoiled["metadata"]["resourceVersion"] = "12"
-    events = [("MODIFIED", moved), ("MODIFIED", spoiled), ("DELETED", GOOD[2])]
+    status = copy.deepcopy(GOOD[3])  # a kubelet status update: nothing the inventory reads changes
+    status["metadata"]["resourceVersion"] = "13"
+    status["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-12-01T20:00:00Z"}]
+    events = [("MODIFIED", moved), ("MODIFIED", spoiled), ("MODIFIED", status), ("DELETED", GOOD[2])]
     api.route(Script(events))
     state = State()
     with client_for(api, tls_dir) as client:
@@ -106,6 +109,9 @@ def test_watch_builds_then_updates_node_by_node_and_survives_hostile_nodes(
 
             wait_for(lambda: names[2] not in {n.name for n in state.snapshot().inventory.nodes})
             after = state.snapshot().inventory
+            assert entries(after, [names[3]]) == entries(first, [names[3]])  # its status update was never queued
+            assert refl.get(names[3])["metadata"]["resourceVersion"] == "13"  # the cache follows it all the same
+            assert state.node_events_unchanged == 1
             later = [moved, *copy.deepcopy(GOOD[3:])]
             assert entries(after, names) == {
                 **entries(inventory_mod.build(later, default_policy()), names),
@@ -125,7 +131,9 @@ def test_watch_builds_then_updates_node_by_node_and_survives_hostile_nodes(
             text = metrics.render()
             assert 'gpu_admission_node_objects_clipped_total{reason="too-many-labels"} 2' in text
             assert "# TYPE gpu_admission_node_objects_clipped_total counter" in text
-            assert 'gpu_admission_node_events_total{counter="received"} 3' in text
+            assert 'gpu_admission_node_events_total{counter="received"} 4' in text
+            assert 'gpu_admission_node_events_total{counter="unchanged"} 1' in text
+            assert 'gpu_admission_node_events_total{counter="applied"} 3' in text
         finally:
             state.stop()
 

@@ -611,15 +611,18 @@ def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) ->
         b = state.node_batches
         if b is None:
             return []
+        unchanged = state.node_events_unchanged
         return [
-            ((("counter", "received"),), float(b.received)),
+            ((("counter", "received"),), float(b.received + unchanged)),
+            ((("counter", "unchanged"),), float(unchanged)),
             ((("counter", "applied"),), float(b.applied)),
             ((("counter", "batches"),), float(b.batches)),
         ]
 
     m.gauge(
         "gpu_admission_node_events_total",
-        "Node events received from the watch, applied to the inventory after coalescing, and batches applied",
+        "Node events received from the watch, those changing nothing the inventory reads (dropped), those applied "
+        "to the inventory after coalescing, and batches applied",
         node_batches,
         kind="counter",
     )

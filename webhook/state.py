@@ -22,7 +22,7 @@ from cluster.coalesce import Coalescer
 from cluster.dra import PATHS as DRA_PATHS
 from cluster.dra import SliceIndex, slim_slice, slim_spec
 from cluster.namespaced import IndexSnapshot, NamespacedIndex
-from cluster.nodes import NODE_DECODERS, NodeTransform
+from cluster.nodes import NODE_DECODERS, NodeTransform, same_content
 from cluster.pods import PodEntry, PodSnapshot, PodView
 from policies import dra
 from policies import exceptions as exceptions_mod
@@ -85,6 +85,7 @@ class State:
         self._node_reflector: Any = None  # when watching: the Node objects (cut down by node_transform)
         self.node_transform = NodeTransform()
         self.node_batches: Coalescer | None = None
+        self.node_events_unchanged = 0  # Node events with nothing the inventory reads changed: not queued
         self._lock = threading.Lock()
         self.status = Status(policy_loaded_at=time.time())
         self._stop = threading.Event()
@@ -288,7 +289,11 @@ class State:
 
         def changed(change: Change) -> None:
             if change.type != "SYNCED":
-                if built.is_set():  # before the first list is complete, that list's build covers it
+                if not built.is_set():  # before the first list is complete, that list's build covers it
+                    return
+                if same_content(change.old, change.new):  # a status update: the inventory would be rebuilt as is
+                    self.node_events_unchanged += 1
+                else:
                     batches.put(change.key, change.new)
                 return
             if not built.is_set():

@@ -306,6 +306,7 @@ def _storm_window(api: FakeApi, srv: ServerProcess, seconds: float) -> dict[str,
     return {
         "events_per_s": common.rnd((sent1 - sent0) / wall, 1),
         "received_per_s": common.rnd((m1.get("received", 0) - m0.get("received", 0)) / wall, 1),
+        "unchanged_per_s": common.rnd((m1.get("unchanged", 0) - m0.get("unchanged", 0)) / wall, 1),
         "applied_per_s": common.rnd((m1.get("applied", 0) - m0.get("applied", 0)) / wall, 1),
         "batches_per_s": common.rnd((m1.get("batches", 0) - m0.get("batches", 0)) / wall, 1),
         "apply_cpu_share": common.rnd((m1["apply_seconds"] - m0["apply_seconds"]) / wall, 3),
