@@ -596,6 +596,11 @@ def build(
         if n is not None:
             key = n.name if n.name not in found else f"{n.name}\x00{len(found)}"  # a file may repeat names
             found[key] = n
+    return from_nodes(found, policy, classes)
+
+
+def from_nodes(found: Mapping[str, GpuNode], policy: Policy, classes: dra.Classes | None = None) -> Inventory:
+    """The inventory of nodes already read (entry key -> node), e.g. while their list was still arriving."""
     # The rack label first (as detection will find it), so no node is indexed twice.
     rack = policy.rack if policy.rack != "auto" else topology.detect_rack_label(n.labels for n in found.values())[0]
     return empty(policy, rack, classes).apply(found)

@@ -8,6 +8,7 @@ canned, scripted responses. End-to-end against a real kube-apiserver lives in te
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import ssl
 import threading
@@ -20,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from cryptography import x509
@@ -463,6 +465,54 @@ def test_untrusted_server_and_unreachable_are_kube_errors(api: KubeTestServer, t
     with KubeClient(closed, timeout=5) as client, pytest.raises(KubeError) as refused:
         client.get("/version")
     assert refused.value.status == 0 and refused.value.reason == "ConnectionFailed"
+
+
+def test_list_all_asks_for_the_next_page_while_it_cuts_this_one_down(api: KubeTestServer, tls_dir: Path) -> None:
+    """The API server serves page n+1 while the client transforms page n (one request in flight at most)."""
+
+    @api.route
+    def pages(r: Recorded) -> Reply | None:
+        if r.path != "/api/v1/nodes":
+            return None
+        n = int(r.query.get("continue") or 0)
+        meta = {"resourceVersion": "5", **({"continue": str(n + 1)} if n < 3 else {})}
+        return Reply(200, {"kind": "NodeList", "items": [{"page": n}], "metadata": meta})
+
+    seen_when_cut: list[int] = []
+
+    def transform(item: dict[str, Any]) -> dict[str, Any]:
+        want = item["page"] + 2  # this page's request and the next one's
+        deadline = time.monotonic() + 5
+        while len(api.requests_to("/api/v1/nodes")) < min(want, 4) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen_when_cut.append(len(api.requests_to("/api/v1/nodes")))
+        return item
+
+    with client_for(api, tls_dir) as client:
+        listed = client.list_all("/api/v1/nodes", page_size=1, transform=transform)
+    assert [i["page"] for i in listed["items"]] == [0, 1, 2, 3]
+    assert seen_when_cut == [2, 3, 4, 4]  # never more than one page ahead
+    assert listed["metadata"] == {"resourceVersion": "5"}
+
+
+def test_a_read_response_keeps_no_copy_of_its_body(api: KubeTestServer, tls_dir: Path) -> None:
+    """Responses sit in reference cycles; with the collector paused (a first list) a body kept on them would
+    stay until the end of the list: 700 MB of pages at 50,000 Nodes."""
+    big = {"kind": "List", "items": [{"pad": "x" * 1000} for _ in range(100)], "metadata": {}}
+    api.route(lambda r: Reply(200, big) if r.path == "/api/v1/things" else None)
+    with client_for(api, tls_dir) as client:
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(3):
+                assert len(client.list("/api/v1/things")["items"]) == 100
+            alive = [o for o in gc.get_objects() if isinstance(o, httpx.Response)]
+        finally:
+            gc.enable()
+    assert alive  # the cycles are there (else this test would prove nothing)
+    for response in alive:
+        with pytest.raises(httpx.ResponseNotRead):
+            response.content  # noqa: B018
 
 
 def test_list_all_follows_continue_and_recovers_from_expired_token(api: KubeTestServer, tls_dir: Path) -> None:

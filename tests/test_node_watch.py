@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cluster.coalesce import Coalescer
 from cluster.nodes import MAX_LABELS, NodeTransform
 from policies import inventory as inventory_mod
-from policies.document import default_policy
+from policies.document import default_policy, parse_policy_text
 from tests.bench import clustergen
 from tests.test_kubeclient import KubeTestServer, Recorded, Reply, Stream, api, client_for, event_line, tls_dir  # noqa: F401  (the scripted API server's fixtures)
+from webhook import state as state_mod
 from webhook.app import ServerConfig, _register_gauges
 from webhook.metrics import Metrics
 from webhook.state import State
@@ -178,3 +181,43 @@ def test_transform_keeps_what_the_inventory_reads() -> None:
         assert inventory_mod.node_from_object(t(hostile_node)) == inventory_mod.node_from_object(hostile_node) or (
             hostile_node["metadata"]["name"] == "huge-value"
         )
+
+
+def test_nodes_read_while_the_list_arrives_are_reused_only_for_the_same_object_and_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    transform = NodeTransform()
+    objs = {n["metadata"]["name"]: transform(copy.deepcopy(n)) for n in GOOD[:4]}
+    names = list(objs)
+    policy = default_policy()
+    early = state_mod._EarlyNodes()
+    for obj in objs.values():
+        early.read(obj, policy, {}, None)
+    reads: list[str] = []
+    real = state_mod._read_node
+    monkeypatch.setattr(state_mod, "_read_node", lambda obj, *a: reads.append(obj["metadata"]["name"]) or real(obj, *a))
+
+    inv = early.build(objs, policy, {}, None)
+    assert reads == [] and entries(inv, names) == entries(inventory_mod.build(objs.values(), policy), names)
+
+    relabelled = copy.deepcopy(objs[names[0]])  # a relist brought a newer object: read again
+    relabelled["metadata"]["labels"]["topology.kubernetes.io/rack"] = "rack-00009"
+    inv = early.build({**objs, names[0]: relabelled}, policy, {}, None)
+    assert reads == [names[0]] and entries(inv, names[:1])[names[0]].rack == "rack-00009"
+
+    pooled = parse_policy_text(SPARE_POOL)  # the policy changed while listing: every node read again
+    reads.clear()
+    inv = early.build(objs, pooled, {}, None)
+    assert sorted(reads) == sorted(names) and {n.pool for n in inv.nodes if not n.declared} == {"spare"}
+
+
+SPARE_POOL = """
+apiVersion: gpu-admission.io/v1alpha1
+kind: Policy
+pools:
+  - name: spare
+    nodeSelector: {nvidia.com/gpu.present: "true"}
+    product: NVIDIA-H100-80GB-HBM3
+    gpusPerNode: 8
+    nodes: 1
+"""

@@ -283,6 +283,7 @@ class State:
 
         batches = self.node_batches = Coalescer(self.apply_node_changes, interval=interval, name="node-batches")
         built = threading.Event()
+        early = _EarlyNodes()
         # The first list is a bulk load: no cyclic GC until it is built (not ready, nothing else to serve yet).
         startup = gc_paused()
         startup.__enter__()
@@ -299,17 +300,24 @@ class State:
             if not built.is_set():
                 startup.__exit__(None, None, None)  # before _build collects: the list left cyclic garbage
                 with self._lock:
-                    inv = self._build(refl.snapshot().values(), self._snap.policy)
+                    inv = _frozen(lambda: early.build(refl.snapshot(), self._snap.policy, self._devices, self._classes))
                     self._snap = Snapshot(self._snap.policy, inv, self._snap.namespaces, self._snap.resolve)
                 built.set()
+                early.clear()
             self.status.inventory_synced = True
+
+        def transform(obj: Any) -> dict[str, Any] | None:
+            slim = self.node_transform(obj)
+            if slim is not None and not built.is_set():  # read while the next list page is on its way
+                early.read(slim, self._snap.policy, self._devices, self._classes)
+            return slim
 
         refl = Reflector(
             client,
             "/api/v1/nodes",
             name="nodes",
             on_change=changed,
-            transform=self.node_transform,
+            transform=transform,
             decoders=NODE_DECODERS,
             page_size=NODE_PAGE,
         )
@@ -538,14 +546,66 @@ def _build(
     """A whole inventory, built with the cyclic garbage collector paused, then frozen out of it: its containers
     have no cycles (refcounting frees them), and left in the oldest generation they would make every full
     collection scan them all, a pause of tens of milliseconds in the middle of an admission request."""
+    return _frozen(lambda: inventory_mod.build(nodes, policy, devices, classes))
+
+
+def _frozen(build: Callable[[], Inventory]) -> Inventory:
     with gc_paused():
-        inv = inventory_mod.build(nodes, policy, devices, classes)
+        inv = build()
     # Collect first: freezing would keep whatever cyclic garbage exists now forever (a paused list leaves
-    # every page's HTTP response, content included, in reference cycles: 700 MiB at 50,000 nodes).
+    # every page's HTTP response in a reference cycle; their bodies are not kept on them, see KubeClient.request).
     gc.collect()
     gc.freeze()
     _trim()
     return inv
+
+
+class _EarlyNodes:
+    """Nodes of the first list read into inventory entries as their pages arrive (the next page is served
+    meanwhile, see KubeClient.list_all), so the build after the list only indexes them. An entry is used
+    only if read from the very object the list cached, with the same pools, devices and classes."""
+
+    Devices = Mapping[str, dra.NodeDevices]
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[dict[str, Any], tuple[Any, ...], inventory_mod.GpuNode | None]] = {}
+
+    def read(self, slim: dict[str, Any], policy: Policy, devices: Devices, classes: dra.Classes | None) -> None:
+        name = slim["metadata"]["name"]
+        inputs = _node_inputs(name, policy, devices, classes)
+        self.entries[name] = (slim, inputs, _read_node(slim, *inputs))
+
+    def build(
+        self, objects: Mapping[str, dict[str, Any]], policy: Policy, devices: Devices, classes: dra.Classes | None
+    ) -> Inventory:
+        found: dict[str, inventory_mod.GpuNode] = {}
+        for key, obj in objects.items():
+            inputs = _node_inputs(key, policy, devices, classes)
+            hit = self.entries.get(key)
+            if hit is not None and hit[0] is obj and all(a is b for a, b in zip(hit[1], inputs, strict=True)):
+                n = hit[2]
+            else:
+                n = _read_node(obj, *inputs)
+            if n is not None:
+                found[key] = n
+        return inventory_mod.from_nodes(found, policy, classes)
+
+    def clear(self) -> None:
+        self.entries = {}
+
+
+def _node_inputs(
+    name: str, policy: Policy, devices: Mapping[str, dra.NodeDevices], classes: dra.Classes | None
+) -> tuple[Any, ...]:
+    """What a node's inventory entry is read with besides its object."""
+    return policy.pools, devices.get(name), classes
+
+
+def _read_node(
+    obj: dict[str, Any], pools: Any, devices: dra.NodeDevices | None, classes: dra.Classes | None
+) -> inventory_mod.GpuNode | None:
+    served = classes.served_names if classes is not None else dra.BUILT_IN_EXTENDED
+    return inventory_mod.node_from_object(obj, pools, devices, served)
 
 
 @contextlib.contextmanager
