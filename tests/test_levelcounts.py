@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from policies import inventory as inventory_mod
-from policies import topology
+from policies import levelcounts, topology
 from policies.document import default_policy, parse_policy_text
 from policies.levelcounts import LevelCounts
 
@@ -172,3 +172,55 @@ def test_candidate_keys_hold_the_level_order_as_a_subsequence(declared: tuple[st
     assert order and set(order) <= set(keys)
     positions = [keys.index(k) for k in order]
     assert positions == sorted(positions), order
+
+
+def test_counts_hold_the_figures_they_name() -> None:
+    """Nodes carrying a key, per domain (nodes, whole-card GPUs), and the conflicts of a pair, as counts."""
+    shapes = [(True, 8, ("a", "p")), (True, 8, ("a", "q")), (True, 4, ("b", "")), (True, 8, (None, "p"))]
+    view = LevelCounts((L3, L2)).apply([], shapes).view()
+    assert (view.key(L3).present, view.key(L3).have, view.key(L2).present, view.key(L2).have) == (3, 3, 4, 3)
+    assert dict(view.key(L3).domains) == {"a": (2, 16), "b": (1, 4)}
+    assert dict(view.key(L2).domains) == {"p": (2, 16), "q": (1, 8)}
+    assert view.counts.pairs[True, L3, L2].conflicts == 1  # "a" in p and in q
+    fixed = view.counts.apply([(True, 8, ("a", "q"))], []).view()
+    assert fixed.counts.pairs[True, L3, L2].conflicts == 0 and fixed.nests(L3, L2)
+
+
+def test_a_domain_emptied_and_refilled_in_one_batch() -> None:
+    """The only node of a rack changes shape (its GPU count) in a batch: the domain leaves and comes back."""
+    counts = LevelCounts((RACK,)).apply([], [(True, 8, ("r1",)), (True, 8, ("r2",))])
+    after = counts.apply([(True, 8, ("r1",))], [(True, 4, ("r1",))]).view()
+    assert dict(after.key(RACK).domains) == {"r1": (1, 4), "r2": (1, 8)} and after.key(RACK).largest == 8
+    # `apply` counts additions first, so within one batch a removed domain is never read again; the table of
+    # pending edits must still answer like the table it will become.
+    pending = levelcounts._Pending(counts.per_key[True, RACK].domains)
+    pending.put("r1", None)
+    assert pending.get("r1", (0, 0)) == (0, 0) and pending.get("r2", (0, 0)) == (1, 8)
+    assert dict(pending.done()) == {"r2": (1, 8)}
+
+
+def test_levels_of_a_cluster_without_whole_cards_count_no_gpus() -> None:
+    """Time-sliced nodes and MIG nodes with some whole GPUs only: the levels are read over all of them, with 0
+    whole-card GPUs (a partitioned node's whole GPUs are not whole cards)."""
+    shared = {"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4"}
+    nodes = {}
+    for i in range(4):
+        labels = {"nvidia.com/gpu.present": "true", RACK: f"r{i // 2}", **(shared if i % 2 else {})}
+        gpus = {"nvidia.com/gpu": "32"} if i % 2 else {"nvidia.com/gpu": "4", "nvidia.com/mig-1g.10gb": "14"}
+        obj = {"metadata": {"name": f"n{i}", "labels": labels}, "status": {"allocatable": gpus}}
+        nodes[f"n{i}"] = inventory_mod.node_from_object(obj)
+    assert not any(n.whole_card for n in nodes.values() if n) and any(n.whole_gpus for n in nodes.values() if n)
+    inv = inventory_mod.build([], default_policy()).apply(nodes)
+    assert [(lv.key, lv.domains, lv.largest_gpus, lv.nodes) for lv in inv.levels] == [(RACK, 2, 0, 4)]
+
+
+def test_keys_never_on_one_node_together_still_nest() -> None:
+    """Racks on some whole-card nodes, zones on the others: no pair is counted, and nothing conflicts."""
+    nodes = {}
+    for i in range(4):
+        labels = {"nvidia.com/gpu.present": "true", **({RACK: "r1"} if i < 2 else {ZONE: "z1"})}
+        obj = {"metadata": {"name": f"n{i}", "labels": labels}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+        nodes[f"n{i}"] = inventory_mod.node_from_object(obj)
+    inv = inventory_mod.build([], default_policy()).apply(nodes)
+    assert [lv.key for lv in inv.levels] == [RACK, ZONE] and (True, RACK, ZONE) not in inv.level_counts.pairs
+    assert inv.levels == scan_levels(inv)[0]
