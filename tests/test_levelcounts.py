@@ -181,7 +181,9 @@ def test_counts_hold_the_figures_they_name() -> None:
     assert (view.key(L3).present, view.key(L3).have, view.key(L2).present, view.key(L2).have) == (3, 3, 4, 3)
     assert dict(view.key(L3).domains) == {"a": (2, 16), "b": (1, 4)}
     assert dict(view.key(L2).domains) == {"p": (2, 16), "q": (1, 8)}
+    assert dict(view.key(L3).sizes) == {16: 1, 4: 1} and dict(view.key(L2).sizes) == {16: 1, 8: 1}
     assert view.counts.pairs[True, L3, L2].conflicts == 1  # "a" in p and in q
+    assert dict(view.counts.pairs[True, L3, L2].coarse) == {"a": {"p": 1, "q": 1}}
     fixed = view.counts.apply([(True, 8, ("a", "q"))], []).view()
     assert fixed.counts.pairs[True, L3, L2].conflicts == 0 and fixed.nests(L3, L2)
 
