@@ -63,6 +63,7 @@ __all__ = [
     "penalty_phrase",
     "placement_estimate",
     "ring_allreduce_ms",
+    "spread_ms",
 ]
 
 DEFAULT_MESSAGE_BYTES = 16 * 2**20
@@ -299,6 +300,31 @@ def placement_estimate(
         best=best,
         assumptions=_assumptions(size_bytes, nodes, g_max, g_min, bw),
     )
+
+
+def spread_ms(
+    size_bytes: int, per_node: tuple[int, ...], cross_rack: bool, bandwidths: Bandwidths = DEFAULT_BANDWIDTHS
+) -> float:
+    """All-reduce time of one actual placement: `per_node` GPUs of the job on each node it uses, over two
+    or more racks when `cross_rack`. The model of `placement_estimate` applied to any split (its own
+    placements are the fewest-node splits): one node is a ring on NVLink; more are two-level, bounded by
+    the fullest node in the NVLink stage and the emptiest in the network stage."""
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 1:
+        raise ValueError(f"message size must be a whole number of bytes ≥ 1, got {size_bytes!r}")
+    if not per_node:
+        raise ValueError("a placement needs at least one node")
+    for gpus in per_node:
+        _check_count("GPUs on a node", gpus)
+    bw = bandwidths
+    node_gbs = gbps_to_gbytes_per_s(bw.nvlink_gbps)
+    if len(per_node) == 1:
+        return _ring_ms(size_bytes, per_node[0], node_gbs, bw.alpha_nvlink_us)
+    net_gbs = gbps_to_gbytes_per_s(bw.network_gbps)
+    alpha = bw.alpha_network_us
+    if cross_rack:
+        net_gbs, alpha = net_gbs / bw.cross_rack_oversubscription, alpha + bw.cross_rack_hop_us
+    nvlink_stage = _ring_ms(size_bytes, max(per_node), node_gbs, bw.alpha_nvlink_us)
+    return nvlink_stage + _inter_ms(size_bytes, min(per_node), len(per_node), net_gbs, alpha)
 
 
 def nvlink_domain_penalty(

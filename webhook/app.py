@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from policies import exceptions as exceptions_mod
 from policies.document import PolicyError, parse_policy_text
 from policies.engine import EXCEPTED, Review, ReviewContext, review
+from policies.ledger import Admission, admitted_group
 from policies.protect import DEFAULT_GROUP, enforcement_change
 from webhook import admission
 from webhook.metrics import Metrics
@@ -279,6 +280,8 @@ def create_app(
             record["verdict"] = verdict
             record["latencyMs"] = round(elapsed * 1000, 3)
             audit.record(record)
+        if record is not None and state.ledger is not None and record.get("group") and not req.dry_run:
+            state.ledger.admitted(record["group"], _admission(record, verdict))
         return 200, orjson.dumps(out)
 
     app.state.review_bytes = review_bytes
@@ -558,7 +561,18 @@ def _record(req: admission.Request, webhook: str, r: Review) -> dict[str, Any] |
     )
     if r.exceptions or r.expired:
         rec.update(exceptions=list(r.exceptions), expiredExceptions=list(r.expired))
+    obj = req.object if isinstance(req.object, dict) else {}
+    labels = obj.get("metadata", {}).get("labels") if isinstance(obj.get("metadata"), dict) else None
+    rec["group"] = admitted_group(
+        str(rec["kind"] or ""), str(rec["namespace"]), _meta(obj, "name"), labels if isinstance(labels, dict) else {}
+    )
     return rec
+
+
+def _admission(rec: dict[str, Any], verdict: str) -> Admission:
+    """What the ledger keeps of a decision: uid, time, verdict, the rules that fired and the mutations."""
+    fired = [x["rule"] for x in rec["rules"] if x["outcome"] in ("deny", "warn", "audit", "error")]
+    return Admission(rec["uid"], time.time(), verdict, tuple(dict.fromkeys([*fired, *rec["mutations"]])))
 
 
 def _now() -> str:

@@ -80,6 +80,14 @@ def register(sub: Any) -> None:
                     help="list requests per second of a scan at most (default 2)")  # fmt: skip
     sc.add_argument("--scan-page-size", type=int, default=100, metavar="N",
                     help="objects per list request of a scan (default 100)")  # fmt: skip
+    p.add_argument(
+        "--ledger-window",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="the post-launch ledger: a job not fully bound this long after its first pod is final "
+        "(partly or never bound); 0 turns the ledger off (default 600)",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--fault-injection", default="", help=argparse.SUPPRESS)  # tests only: slow-rule:MS | raise-rule
     audit_mod.add_arguments(p)
@@ -334,6 +342,10 @@ def run(args: argparse.Namespace) -> int:
         state.watch_namespaces(client)
         state.watch_targets(client)
         state.watch_dra(client, slices=not args.nodes)
+        if args.ledger_window > 0:
+            from webhook import ledger as ledger_mod
+
+            state.ledger = ledger_mod.for_state(state, args.ledger_window)
         state.watch_pods(client)
         state.watch_exceptions(client)
     elif cm:
@@ -353,6 +365,11 @@ def run(args: argparse.Namespace) -> int:
     scanner = background_scan(args, client, state, metrics)
     if scanner is not None:
         cfg.extra_ready = lambda: (True, {"scan": scanner.details()})
+    if state.ledger is not None:
+        from webhook.ledger import follow_up
+
+        write = (lambda row: audit.record(follow_up(row))) if audit is not None else None
+        state.ledger.attach(metrics, write)
     app = create_app(state, metrics=metrics, audit=audit, config=cfg)
     if scanner is not None:
         scanner.start()

@@ -21,6 +21,9 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
+Labels = tuple[tuple[str, str], ...]
+
+
 def _labels(pairs: tuple[tuple[str, str], ...]) -> str:
     if not pairs:
         return ""
@@ -36,6 +39,8 @@ class Metrics:
         self._hist: dict[tuple[tuple[str, str], ...], list[float]] = {}
         self._hist_sum: dict[tuple[tuple[str, str], ...], float] = {}
         self._gauges: dict[str, Callable[[], list[tuple[tuple[tuple[str, str], ...], float]]]] = {}
+        # Histograms other than the request duration: name -> (bounds, labels -> bucket counts, labels -> sum).
+        self._named: dict[str, tuple[tuple[float, ...], dict[Labels, list[float]], dict[Labels, float]]] = {}
         self.describe("gpu_admission_requests_total", "counter", "Admission reviews answered, by webhook and verdict")
         self.describe("gpu_admission_rule_results_total", "counter", "Rule outcomes (deny, warn, audit, error)")
         self.describe("gpu_admission_mutations_total", "counter", "Mutations applied, by id")
@@ -54,6 +59,18 @@ class Metrics:
             counts = self._hist.setdefault(labels, [0.0] * (len(BUCKETS) + 1))
             counts[bisect.bisect_left(BUCKETS, seconds)] += 1
             self._hist_sum[labels] = self._hist_sum.get(labels, 0.0) + seconds
+
+    def histogram(self, name: str, text: str, bounds: tuple[float, ...]) -> None:
+        self._help[name] = ("histogram", text)
+        self._named.setdefault(name, (bounds, {}, {}))
+
+    def observe_in(self, name: str, value: float, labels: Labels) -> None:
+        """One observation of a histogram declared with `histogram`."""
+        bounds, counts, sums = self._named[name]
+        with self._lock:
+            row = counts.setdefault(labels, [0.0] * (len(bounds) + 1))
+            row[bisect.bisect_left(bounds, value)] += 1
+            sums[labels] = sums.get(labels, 0.0) + value
 
     def gauge(
         self,
@@ -76,15 +93,10 @@ class Metrics:
             if self._hist:
                 name = "gpu_admission_request_duration_seconds"
                 lines += [f"# HELP {name} Time to answer an admission review", f"# TYPE {name} histogram"]
-                for lab, counts in sorted(self._hist.items()):
-                    cum = 0.0
-                    for bound, c in zip(BUCKETS, counts, strict=False):
-                        cum += c
-                        lines.append(f"{name}_bucket{_labels((*lab, ('le', f'{bound:g}')))} {_num(cum)}")
-                    cum += counts[-1]
-                    lines.append(f"{name}_bucket{_labels((*lab, ('le', '+Inf')))} {_num(cum)}")
-                    lines.append(f"{name}_sum{_labels(lab)} {self._hist_sum[lab]:.6f}")
-                    lines.append(f"{name}_count{_labels(lab)} {_num(cum)}")
+                lines += _histogram_lines(name, BUCKETS, self._hist, self._hist_sum)
+            for name, (bounds, counts, sums) in sorted(self._named.items()):
+                lines += [f"# HELP {name} {self._help[name][1]}", f"# TYPE {name} histogram"]
+                lines += _histogram_lines(name, bounds, counts, sums)
         for name, fn in sorted(self._gauges.items()):
             kind, text = self._help[name]
             lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
@@ -93,3 +105,19 @@ class Metrics:
             except Exception:  # a broken gauge must not break the scrape
                 continue
         return "\n".join(lines) + "\n"
+
+
+def _histogram_lines(
+    name: str, bounds: tuple[float, ...], counts: dict[Labels, list[float]], sums: dict[Labels, float]
+) -> list[str]:
+    lines: list[str] = []
+    for lab, row in sorted(counts.items()):
+        cum = 0.0
+        for bound, c in zip(bounds, row, strict=False):
+            cum += c
+            lines.append(f"{name}_bucket{_labels((*lab, ('le', f'{bound:g}')))} {_num(cum)}")
+        cum += row[-1]
+        lines.append(f"{name}_bucket{_labels((*lab, ('le', '+Inf')))} {_num(cum)}")
+        lines.append(f"{name}_sum{_labels(lab)} {sums[lab]:.6f}")
+        lines.append(f"{name}_count{_labels(lab)} {_num(cum)}")
+    return lines

@@ -108,6 +108,7 @@ class State:
         self._classes: dra.Classes | None = None
         self._slices = SliceIndex()
         self.dra_status: dict[str, Any] = {"served": None}
+        self.ledger: Any = None  # a webhook.ledger.Tracker set before watch_pods: fed by the same pod watch
 
     def snapshot(self) -> Snapshot:
         return self._snap
@@ -274,6 +275,8 @@ class State:
             on_change=changed,
         )
         self._reflectors.append(refl.start())
+        if tracker is not None:
+            tracker.start(self._stop)
         return refl
 
     def watch_nodes(self, client: Any, interval: float = NODE_BATCH_INTERVAL) -> Any:
@@ -349,12 +352,20 @@ class State:
         from cluster.reflector import Reflector
 
         view = PodView(pod_facts, on_bound=self.reservations.bound)
+        tracker = self.ledger
+        on_change: Callable[[Any], None] = view.apply
+        if tracker is not None:
+
+            def on_change(change: Any) -> None:
+                view.apply(change)
+                tracker.apply(change)
+
         # Terminated pods hold nothing: the API server filters them out (phase is a supported field).
         refl = Reflector(
             client,
             "/api/v1/pods",
             name="pods",
-            on_change=view.apply,
+            on_change=on_change,
             field_selector="status.phase!=Succeeded,status.phase!=Failed",
             transform=view.transform,  # the cache keeps one small PodEntry per GPU pod, nothing of the others
             key_of=_entry_key,

@@ -1,0 +1,294 @@
+"""The post-launch ledger (issue #18): pod facts, job outcomes, comm ratios against `gpu-admission estimate`'s
+model, the best placement at admission, inference spread, and the summary (policies/ledger.py)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from policies import comm
+from policies import ledger as L
+
+RACK = "topology.kubernetes.io/rack"
+ZONE = "topology.kubernetes.io/zone"
+T0 = 1_764_604_800.0  # 2025-12-01T16:00:00Z
+
+
+def stamp(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod(
+    name: str,
+    *,
+    ns: str = "ml",
+    gpus: int = 8,
+    node: str = "",
+    created: float = T0,
+    scheduled: float | None = None,
+    labels: dict[str, str] | None = None,
+    owner: tuple[str, str] | None = ("Job", "train"),
+    resource: str = "nvidia.com/gpu",
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ns,
+        "creationTimestamp": stamp(created),
+        "labels": {"batch.kubernetes.io/job-name": "train"} if labels is None else labels,
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True}]
+    status: dict[str, Any] = {"phase": "Pending"}
+    if scheduled is not None:
+        status["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(scheduled)}]
+    elif not node:
+        status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {resource: str(gpus)}}}]},
+        "status": status,
+    }
+
+
+def topo(
+    racks: dict[str, int], gpus: int = 8, zone: str | None = "z1", shared: frozenset[str] = frozenset()
+) -> L.Topology:
+    nodes = {}
+    for rack, n in racks.items():
+        for i in range(1, n + 1):
+            name = f"{rack}-{i}"
+            labels = {RACK: rack, **({ZONE: zone} if zone else {})}
+            nodes[name] = L.NodeFact(labels, gpus, name in shared)
+    levels = ((RACK, "switch"), (ZONE, "zone")) if zone else ((RACK, "switch"),)
+    return L.Topology(levels, nodes)
+
+
+def facts(*pods: dict[str, Any]) -> list[L.PodFact]:
+    out = [L.pod_fact(p) for p in pods]
+    assert all(f is not None for f in out)
+    return [f for f in out if f is not None]
+
+
+# -- pod facts ----------------------------------------------------------------------------------------------
+
+
+def test_pod_fact_reads_job_node_times_and_owner() -> None:
+    f = L.pod_fact(pod("train-0", node="a-1", created=T0, scheduled=T0 + 7))
+    assert f is not None
+    assert (f.group, f.workload, f.unowned, f.gpus, f.node) == (
+        "ml/batch.kubernetes.io/job-name=train",
+        "batch",
+        False,
+        8,
+        "a-1",
+    )
+    assert (f.created, f.scheduled) == (T0, T0 + 7)
+
+
+def test_pod_fact_of_a_deployment_replica_names_the_deployment() -> None:
+    p = pod("web-7d4-x", labels={"pod-template-hash": "7d4"}, owner=("ReplicaSet", "web-7d4"), gpus=1)
+    f = L.pod_fact(p)
+    assert f is not None and (f.group, f.workload) == ("ml/Deployment/web", "inference")
+
+
+def test_bare_pod_without_owner_is_its_own_unowned_job() -> None:
+    f = L.pod_fact(pod("lonely", labels={}, owner=None))
+    assert f is not None and (f.group, f.unowned, f.workload) == ("ml/pod=lonely", True, "unclassified")
+
+
+def test_pod_without_gpus_is_none_and_garbage_raises() -> None:
+    no_gpu = pod("cpu")
+    no_gpu["spec"]["containers"][0]["resources"] = {}
+    assert L.pod_fact(no_gpu) is None
+    for garbage in ("x", {"metadata": 1, "spec": {}}, {"metadata": {"name": "a"}, "spec": {"nodeName": 3,
+                    "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}):  # fmt: skip
+        with pytest.raises(ValueError):
+            L.pod_fact(garbage)
+
+
+def test_admitted_group_matches_the_pods_group() -> None:
+    f = L.pod_fact(pod("train-0"))
+    assert f is not None
+    assert L.admitted_group("Job", "ml", "train", {}) == f.group
+    assert L.admitted_group("Deployment", "ml", "web", {}) == "ml/Deployment/web"
+    assert L.admitted_group("Pod", "ml", "", {"batch.kubernetes.io/job-name": "train"}) == f.group
+    assert L.admitted_group("Pod", "ml", "x", {}) is None
+
+
+# -- the comm model of one placement ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("per_node_gpus", [1, 2, 4, 8])
+def test_spread_ms_of_the_estimators_own_placements_is_the_estimators_time(per_node_gpus: int) -> None:
+    for total in range(2, 70):
+        e = comm.placement_estimate(comm.DEFAULT_MESSAGE_BYTES, total, per_node_gpus)
+        nodes = e.nodes
+        split = tuple(total // nodes + (1 if i < total % nodes else 0) for i in range(nodes))
+        assert comm.spread_ms(e.size_bytes, split, False) == pytest.approx(e.intra_rack_ms, rel=1e-12)
+        assert comm.spread_ms(e.size_bytes, split, True) == pytest.approx(e.cross_rack_ms, rel=1e-12)
+        if e.intra_node_ms is not None:
+            assert comm.spread_ms(e.size_bytes, (total,), False) == pytest.approx(e.intra_node_ms, rel=1e-12)
+
+
+def test_spread_ms_refuses_an_empty_or_zero_placement() -> None:
+    with pytest.raises(ValueError, match="at least one node"):
+        comm.spread_ms(16, (), False)
+    with pytest.raises(ValueError, match="GPUs on a node must be a whole number ≥ 1, got 0"):
+        comm.spread_ms(16, (8, 0), False)
+
+
+# -- outcomes -----------------------------------------------------------------------------------------------
+
+
+def test_one_rack_job_is_one_domain_with_pending_from_first_create_to_last_bound() -> None:
+    t = topo({"a": 2, "b": 2})
+    pods = facts(
+        pod("train-0", node="a-1", created=T0, scheduled=T0 + 3),
+        pod("train-1", node="a-2", created=T0 + 1, scheduled=T0 + 9),
+    )
+    best = L.best_placement([8, 8], {n: 8 for n in t.nodes}, t, L.Comm())
+    row = L.job_row(pods[0].group, pods, t, now=T0 + 100, best=best)
+    assert (row.outcome, row.pending_s, row.first_bound, row.last_bound) == ("one-domain", 9.0, T0 + 3, T0 + 9)
+    assert row.spans == ((RACK, 1), (ZONE, 1))
+    assert (row.placement, row.best, row.comm_ratio) == ("intra-rack", "intra-rack", 1.0)
+
+
+def test_job_across_racks_spans_and_costs_the_estimators_cross_rack_ratio() -> None:
+    t = topo({"a": 2, "b": 2})
+    pods = facts(pod("train-0", node="a-1", scheduled=T0 + 1), pod("train-1", node="b-1", scheduled=T0 + 2))
+    best = L.best_placement([8, 8], {n: 8 for n in t.nodes}, t, L.Comm())
+    row = L.job_row(pods[0].group, pods, t, now=T0 + 10, best=best)
+    estimate = comm.placement_estimate(comm.DEFAULT_MESSAGE_BYTES, 16, 8)
+    assert (row.outcome, row.spans, row.placement) == ("spanning", ((RACK, 2), (ZONE, 1)), "cross-rack")
+    assert row.comm_ratio == pytest.approx(estimate.cross_rack_ratio, rel=1e-12)
+    assert row.comm_ratio == pytest.approx(1.125, rel=1e-12)
+
+
+def test_spanning_is_the_best_when_no_rack_had_room_then_ratio_is_one() -> None:
+    t = topo({"a": 2, "b": 2})
+    free = {"a-1": 8, "a-2": 0, "b-1": 8, "b-2": 0}
+    best = L.best_placement([8, 8], free, t, L.Comm())
+    assert best is not None and (best.placement, best.per_node) == ("cross-rack", (8, 8))
+    pods = facts(pod("train-0", node="a-1", scheduled=T0), pod("train-1", node="b-1", scheduled=T0))
+    assert L.job_row(pods[0].group, pods, t, now=T0, best=best).comm_ratio == 1.0
+
+
+def test_best_is_one_node_when_one_node_holds_the_job_and_none_when_nothing_does() -> None:
+    t = topo({"a": 2})
+    best = L.best_placement([4, 4], {"a-1": 8, "a-2": 8}, t, L.Comm())
+    assert best is not None and (best.placement, best.per_node) == ("intra-node", (8,))
+    assert L.best_placement([8, 8, 8], {"a-1": 8, "a-2": 8}, t, L.Comm()) is None
+    assert L.best_placement([0], {"a-1": 8}, t, L.Comm()) is None
+
+
+def test_partly_bound_never_bound_and_denied() -> None:
+    t = topo({"a": 2})
+    half = facts(pod("train-0", node="a-1", scheduled=T0 + 2), pod("train-1", created=T0 + 1))
+    row = L.job_row(half[0].group, half, t, now=T0 + 30)
+    assert (row.outcome, row.bound, row.pods, row.pending_s, row.comm_ratio) == ("partly-bound", 1, 2, 30.0, None)
+    none = facts(pod("train-0"), pod("train-1"))
+    assert L.job_row(none[0].group, none, t, now=T0 + 5).outcome == "never-bound"
+    gone = facts(pod("train-0", node="a-1", scheduled=T0 + 1))
+    assert L.job_row(gone[0].group, gone, t, now=T0 + 5, deleted=1).outcome == "partly-bound"
+    denial = L.Admission("uid-1", T0, "deny", ("training-same-rack",))
+    row = L.job_row("ml/batch.kubernetes.io/job-name=x", (), t, now=T0, admission=denial)
+    assert (row.outcome, row.uid, row.rules, row.namespace) == ("denied", "uid-1", ("training-same-rack",), "ml")
+    allowed = L.Admission("uid-2", T0, "allow")
+    assert L.job_row("ml/j=x", (), t, now=T0, admission=allowed).outcome == "never-bound"
+
+
+def test_unknown_topology_when_a_node_lacks_the_label_or_is_unknown() -> None:
+    t = topo({"a": 1})
+    t.nodes["bare"] = L.NodeFact({}, 8, False)  # type: ignore[index]
+    for other in ("bare", "no-such-node"):
+        pods = facts(pod("train-0", node="a-1", scheduled=T0), pod("train-1", node=other, scheduled=T0))
+        row = L.job_row(pods[0].group, pods, t, now=T0)
+        assert (row.outcome, row.placement, row.actual_ms) == ("unknown-topology", None, None)
+        assert dict(row.spans)[RACK] is None
+    one = facts(pod("train-0", node="no-such-node", scheduled=T0))
+    assert L.job_row(one[0].group, one, t, now=T0).outcome == "one-domain"  # one node is one of everything
+
+
+# -- inference ----------------------------------------------------------------------------------------------
+
+
+def test_inference_spread_per_node_and_zone_and_shared_landing() -> None:
+    t = L.Topology(
+        ((RACK, "switch"), (ZONE, "zone")),
+        {
+            "n1": L.NodeFact({ZONE: "z1"}, 8, False),
+            "n2": L.NodeFact({ZONE: "z2"}, 8, True),
+            "n3": L.NodeFact({}, 8, False),
+        },
+    )
+    rs = {"labels": {"pod-template-hash": "h"}, "owner": ("ReplicaSet", "web-h"), "gpus": 1}
+    pods = facts(
+        pod("w1", node="n1", scheduled=T0, **rs),  # type: ignore[arg-type]
+        pod("w2", node="n2", scheduled=T0, **rs),  # type: ignore[arg-type]
+        pod("w3", node="n3", scheduled=T0, **rs),  # type: ignore[arg-type]
+        pod("w4", node="n1", scheduled=T0, resource="nvidia.com/mig-1g.10gb", **rs),  # type: ignore[arg-type]
+        pod("w5", **rs),  # type: ignore[arg-type]
+    )
+    row = L.inference_row("ml/Deployment/web", pods, t)
+    assert (row.replicas, row.bound, row.shared) == (5, 4, 2)
+    assert row.per_node == (("n1", 2), ("n2", 1), ("n3", 1))
+    assert row.per_zone == (("?", 1), ("z1", 2), ("z2", 1))
+
+
+# -- best placement from a profile --------------------------------------------------------------------------
+
+
+def test_free_profile_gives_the_same_best_as_the_whole_cluster() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        racks = {f"r{i}": rng.randint(1, 30) for i in range(rng.randint(1, 40))}
+        t = topo(racks)
+        free = {n: rng.choice((0, 0, 1, 2, 4, 8)) for n in t.nodes}
+        pods = [rng.choice((1, 2, 4, 8))] * rng.randint(1, 12)
+        whole = L.best_placement(pods, free, t, L.Comm())
+        cut = L.best_placement(pods, L.free_profile(free, t), t, L.Comm())
+        assert (whole and (whole.placement, whole.ms)) == (cut and (cut.placement, cut.ms))
+
+
+# -- summary ------------------------------------------------------------------------------------------------
+
+
+def test_summary_success_rate_partial_gpus_and_ratios() -> None:
+    t = topo({"a": 2, "b": 2})
+    free = {n: 8 for n in t.nodes}
+
+    def job(name: str, *placed: tuple[str, float]) -> L.JobRow:
+        pods = facts(
+            *(
+                pod(f"{name}-{i}", labels={"job-name": name}, node=n, scheduled=T0 + s if n else None)
+                for i, (n, s) in enumerate(placed)
+            )
+        )
+        best = L.best_placement([p.gpus for p in pods], free, t, L.Comm())
+        return L.job_row(pods[0].group, pods, t, now=T0 + 1000, best=best)
+
+    rows = [
+        job("fast", ("a-1", 5), ("a-2", 5)),
+        job("slow", ("a-1", 700), ("a-2", 700)),
+        job("split", ("a-1", 1), ("b-1", 1)),
+        job("half", ("a-1", 1), ("", 0)),
+        L.job_row("ml/job-name=no", (), t, now=T0, admission=L.Admission("u", T0, "deny")),
+    ]
+    s = L.summarize(rows, within_s=600)
+    assert (s.jobs, s.admitted, s.succeeded, s.success_rate) == (5, 4, 2, 0.5)
+    assert (s.partial_gangs, s.partial_gpus) == (1, 8)
+    assert dict(s.outcomes) == {
+        "one-domain": 2,
+        "spanning": 1,
+        "unknown-topology": 0,
+        "partly-bound": 1,
+        "never-bound": 0,
+        "denied": 1,
+    }
+    assert s.comm_ratio_max == pytest.approx(1.125)
+    assert s.comm_ratio_mean == pytest.approx((1 + 1 + 1.125) / 3)
+    assert (s.pending_p50_s, s.pending_max_s) == (5.0, 700.0)

@@ -1,0 +1,255 @@
+"""The server's ledger tracker (webhook/ledger.py): jobs from a stream of pod changes, final once bound or after
+the window, bounded state, bounded metric labels, follow-up records under the admission's uid."""
+
+from __future__ import annotations
+
+import gc
+import re
+import tracemalloc
+from typing import Any
+
+from cluster.reflector import Change
+from policies import ledger as L
+from tests.test_ledger import T0, pod, stamp, topo
+from webhook import ledger
+from webhook.metrics import Metrics
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tracker(clock: Clock, **kw: Any) -> tuple[ledger.Tracker, list[L.JobRow], Metrics]:
+    t = topo({"a": 4, "b": 4})
+    finals: list[L.JobRow] = []
+    m = Metrics()
+    tr = ledger.Tracker(
+        lambda: t, lambda: {n: 8 for n in t.nodes}, clock=clock, metrics=m, on_final=finals.append, **kw
+    )
+    return tr, finals, m
+
+
+def add(tr: ledger.Tracker, obj: dict[str, Any]) -> None:
+    meta = obj["metadata"]
+    tr.apply(Change("ADDED", f"{meta['namespace']}/{meta['name']}", None, ledger.transform(obj)))
+
+
+def bind(tr: ledger.Tracker, obj: dict[str, Any], node: str, at: float) -> None:
+    bound = {**obj, "spec": {**obj["spec"], "nodeName": node}, "status": {**obj["status"]}}
+    bound["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(at)}]
+    meta = obj["metadata"]
+    tr.apply(Change("MODIFIED", f"{meta['namespace']}/{meta['name']}", obj, ledger.transform(bound)))
+
+
+def delete(tr: ledger.Tracker, obj: dict[str, Any]) -> None:
+    meta = obj["metadata"]
+    tr.apply(Change("DELETED", f"{meta['namespace']}/{meta['name']}", obj, None))
+
+
+def test_job_is_final_when_every_pod_is_bound_with_its_admission_uid() -> None:
+    clock = Clock()
+    tr, finals, m = tracker(clock)
+    tr.admitted("ml/job-name=j", L.Admission("uid-j", T0, "allow", ("training-rack",)))
+    pods = [pod(f"j-{i}", labels={"job-name": "j"}, created=T0 + i) for i in range(2)]
+    for p in pods:
+        add(tr, p)
+    bind(tr, pods[0], "a-1", T0 + 4)
+    assert finals == []
+    bind(tr, pods[1], "b-1", T0 + 6)
+    clock.now += ledger.SETTLE - 0.5
+    tr.sweep()
+    assert finals == []  # more pods of the job may still come
+    clock.now += 0.5
+    tr.sweep()
+    [row] = finals
+    assert (row.outcome, row.pending_s, row.uid, row.placement, row.best) == (
+        "spanning",
+        6.0,
+        "uid-j",
+        "cross-rack",
+        "intra-rack",
+    )
+    record = ledger.follow_up(row)
+    assert (record["uid"], record["record"], record["rules"], record["commRatio"]) == (
+        "uid-j",
+        "outcome",
+        ["training-rack"],
+        row.comm_ratio,
+    )
+    text = m.render()
+    assert 'gpu_admission_ledger_jobs_total{namespace="ml",workload="batch",outcome="spanning"} 1' in text
+    assert 'gpu_admission_ledger_pending_seconds_bucket{namespace="ml",workload="batch",le="5"} 0' in text
+    assert 'gpu_admission_ledger_pending_seconds_bucket{namespace="ml",workload="batch",le="15"} 1' in text
+    assert 'gpu_admission_ledger_comm_ratio_bucket{namespace="ml",workload="batch",le="1.1"} 0' in text
+    assert 'gpu_admission_ledger_comm_ratio_bucket{namespace="ml",workload="batch",le="1.25"} 1' in text
+    assert tr.sizes["groups"] == 0 and tr.sizes["pods"] == 0
+    bind(tr, pods[1], "b-1", T0 + 6)  # a late event of a final job does not start it again
+    assert tr.sizes["groups"] == 0 and tr.counts["late"] == 1
+
+
+def test_window_makes_partly_and_never_bound_final_and_partial_gauges_count_them_before() -> None:
+    clock = Clock()
+    tr, finals, m = tracker(clock, window=60)
+    half = [pod(f"h-{i}", labels={"job-name": "h"}) for i in range(3)]
+    never = [pod(f"n-{i}", labels={"job-name": "n"}) for i in range(2)]
+    for p in (*half, *never):
+        add(tr, p)
+    bind(tr, half[0], "a-1", T0 + 1)
+    bind(tr, half[1], "a-2", T0 + 2)
+    text = m.render()
+    assert 'gpu_admission_ledger_partial_gangs{namespace="ml",workload="batch"} 1' in text
+    assert 'gpu_admission_ledger_partial_gang_gpus{namespace="ml",workload="batch"} 16' in text
+    clock.now = T0 + 61
+    tr.sweep()
+    assert sorted((r.group, r.outcome, r.pending_s) for r in finals) == [
+        ("ml/job-name=h", "partly-bound", 61.0),
+        ("ml/job-name=n", "never-bound", 61.0),
+    ]
+    assert "gpu_admission_ledger_partial_gangs{" not in m.render()
+
+
+def test_denial_is_final_at_once_and_counts_against_nothing() -> None:
+    clock = Clock()
+    tr, finals, m = tracker(clock)
+    tr.admitted("ml/batch.kubernetes.io/job-name=x", L.Admission("uid-x", T0, "allow"))
+    tr.admitted("ml/batch.kubernetes.io/job-name=x", L.Admission("uid-y", T0, "deny", ("training-same-rack",)))
+    [row] = finals
+    assert (row.outcome, row.uid, row.rules) == ("denied", "uid-y", ("training-same-rack",))
+    text = m.render()
+    assert 'gpu_admission_ledger_jobs_total{namespace="ml",workload="unclassified",outcome="denied"} 1' in text
+    assert "gpu_admission_ledger_jobs_bound_in_window_total{" not in text
+
+
+def test_pods_deleted_before_binding_unowned_pods_and_unknown_nodes_are_counted() -> None:
+    clock = Clock()
+    tr, finals, _ = tracker(clock, window=30)
+    gang = [pod(f"g-{i}", labels={"job-name": "g"}) for i in range(2)]
+    for p in gang:
+        add(tr, p)
+    delete(tr, gang[1])  # deleted mid-way, never bound
+    bind(tr, gang[0], "a-1", T0 + 1)
+    lonely = pod("lonely", labels={}, owner=None)
+    add(tr, lonely)
+    bind(tr, lonely, "nowhere", T0 + 2)  # a node the inventory does not know
+    far = [pod(f"f-{i}", labels={"job-name": "f"}) for i in range(2)]
+    for p, node in zip(far, ("a-1", "ghost"), strict=True):
+        add(tr, p)
+        bind(tr, p, node, T0 + 3)
+    tr.apply(Change("ADDED", "ml/garbage", None, {"metadata": "x", "spec": {}}))
+    clock.now = T0 + 31
+    tr.sweep()
+    by_group = {r.group: r for r in finals}
+    assert (by_group["ml/job-name=g"].outcome, by_group["ml/job-name=g"].deleted) == ("partly-bound", 1)
+    assert (by_group["ml/pod=lonely"].outcome, by_group["ml/pod=lonely"].unowned) == ("one-domain", True)
+    assert by_group["ml/job-name=f"].outcome == "unknown-topology"
+    assert (tr.counts["skipped"], tr.counts["unowned"]) == (1, 1)
+
+
+def test_oldest_jobs_are_evicted_past_the_limits() -> None:
+    clock = Clock()
+    tr, finals, _ = tracker(clock, max_groups=100, max_pods=150)
+    for i in range(300):
+        add(tr, pod(f"p-{i}", labels={"job-name": f"j{i}"}))
+        assert tr.sizes["groups"] <= 100 and tr.sizes["pods"] <= 150
+    assert tr.counts["evicted"] == 200 and [r.group for r in finals[:2]] == ["ml/job-name=j0", "ml/job-name=j1"]
+    assert {r.outcome for r in finals} == {"never-bound"}
+
+
+def _series(text: str, name: str) -> set[str]:
+    return {line.split(" ")[0] for line in text.splitlines() if re.match(rf"{name}[{{ ]", line)}
+
+
+def test_ten_thousand_jobs_in_ten_thousand_namespaces_keep_the_label_sets_bounded() -> None:
+    clock = Clock()
+    tr, finals, m = tracker(clock, window=30)
+    outcomes = []
+    for i in range(10_000):
+        ns = f"team-{i}"
+        kind = i % 4
+        pods = [pod(f"p-{i}-{k}", ns=ns, labels={"job-name": "j"}) for k in range(2)]
+        for p in pods:
+            add(tr, p)
+        if kind == 0:  # one rack
+            bind(tr, pods[0], "a-1", T0 + 1)
+            bind(tr, pods[1], "a-2", T0 + 1)
+        elif kind == 1:  # two racks
+            bind(tr, pods[0], "a-1", T0 + 1)
+            bind(tr, pods[1], "b-1", T0 + 1)
+        elif kind == 2:  # half
+            bind(tr, pods[0], "a-3", T0 + 1)
+        outcomes.append(kind)
+        clock.now += 0.01
+    clock.now += 31
+    tr.sweep()
+    assert len(finals) == 10_000
+    text = m.render()
+    limit = ledger.MAX_NAMESPACE_LABELS + 1  # 50 namespaces and _other
+    jobs = _series(text, "gpu_admission_ledger_jobs_total")
+    assert len(jobs) <= limit * len(L.CLASSES) * len(L.OUTCOMES)
+    assert len(jobs) == 50 * 1 + 4  # each of the first 50 namespaces has one outcome; _other has 4
+    pending = _series(text, "gpu_admission_ledger_pending_seconds_bucket")
+    assert len(pending) <= limit * len(L.CLASSES) * (len(ledger.PENDING_BOUNDS) + 1)
+    assert len(set(re.findall(r'namespace="([^"]+)"', text))) == limit
+    samples = [line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("gpu_admission_ledger_jobs_total{")]
+    assert sum(float(v) for _, v in samples) == 10_000
+    by_outcome = {o: sum(float(v) for k, v in samples if f'outcome="{o}"' in k) for o in L.OUTCOMES}
+    assert by_outcome == {
+        "one-domain": 2500,
+        "spanning": 2500,
+        "unknown-topology": 0,
+        "partly-bound": 2500,
+        "never-bound": 2500,
+        "denied": 0,
+    }
+
+
+def test_a_long_stream_keeps_memory_flat() -> None:
+    """30,000 pods in 16,000 jobs (a quarter unowned, some on unknown nodes, some deleted before binding,
+    some garbage): once its bounded memories are full (after the first quarter), the tracker's memory after
+    the last quarter is what it was after the first."""
+    clock = Clock()
+    tr, finals, m = tracker(clock, window=5, max_groups=1_000, max_pods=2_000, max_done=2_000)
+    final = 0
+
+    def job(i: int) -> None:
+        ns = f"ns-{i % 97}"
+        labels = {} if i % 4 == 3 else {"job-name": f"j{i}"}
+        owner = None if i % 4 == 3 else ("Job", f"j{i}")
+        pods = [pod(f"p{i}-{k}", ns=ns, labels=labels, owner=owner) for k in range(2 if labels else 1)]
+        for p in pods:
+            add(tr, p)
+        if i % 5 == 0 and len(pods) > 1:
+            delete(tr, pods[1])
+        if i % 7 == 0:
+            tr.apply(Change("ADDED", f"{ns}/junk{i}", None, {"spec": []}))
+        bind(tr, pods[0], "ghost" if i % 11 == 0 else "a-1", clock.now)
+        clock.now += 0.001
+
+    def quarter(start: int) -> int:
+        nonlocal final
+        for i in range(start, start + 4_000):
+            job(i)
+        clock.now += 6
+        tr.sweep()
+        final += len(finals)
+        finals.clear()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
+
+    tracemalloc.start()
+    try:
+        first = quarter(0)
+        quarter(4_000)
+        quarter(8_000)
+        last = quarter(12_000)
+    finally:
+        tracemalloc.stop()
+    assert final == 16_000
+    assert last <= first * 1.05 + 64 * 1024, (first, last)
+    assert tr.sizes == {"groups": 0, "pods": 0, "done": 2_000, "admissions": 0}
+    assert tr.counts["skipped"] == len(range(0, 16_000, 7)) and tr.counts["unowned"] == 4_000
+    assert m.render().count("gpu_admission_ledger_jobs_total{") <= 51 * 4 * 6

@@ -1,0 +1,434 @@
+"""The server's post-launch ledger (issue #18): what became of each job it admitted, kept from the pod watch.
+
+Fed by the same Pod list + watch as the pod view (`State.watch_pods(..., ledger=tracker)`), with a transform
+that also keeps what the ledger reads (owner, creation time, the PodScheduled condition). Rows are made by
+the pure `policies/ledger.py`. A job is *final* once every pod is bound, or `window` seconds after its first
+pod was created (then partly bound or never bound), or when evicted to make room; at that moment it is
+counted in the metrics and, when an audit log is configured, a follow-up record with its outcome is written
+under the uid of its admission (docs/audit.md).
+
+Bounded state (each limit below; docs/deploy.md "Limits"): at most MAX_GROUPS jobs and inference workloads
+and MAX_PODS pods are kept; past either, the oldest job is finalised early (counted as evicted). Final jobs
+are remembered by id only, in a bounded set, so late events of their pods do not start them again. Metric
+labels are bounded: namespaces beyond MAX_NAMESPACE_LABELS are reported as `_other`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.pods import slim
+from cluster.reflector import Change
+from policies import ledger as L
+from policies.resources import GPU
+from webhook.audit import format_time
+
+MAX_GROUPS = 10_000
+MAX_PODS = 100_000
+MAX_DONE = 20_000
+MAX_NAMESPACE_LABELS = 50
+OTHER = "_other"
+# Seconds a fully bound job waits for more pods before it is final: a controller creates a gang's pods one by
+# one, and the scheduler may bind the first before the last exists.
+SETTLE = 5.0
+DEFAULT_WINDOW = 600.0  # seconds: a job not fully bound this long after its first pod is final (and failed)
+PENDING_BOUNDS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+RATIO_BOUNDS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
+
+
+def transform(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod view's cut-down pod plus what the ledger reads: controller, creation time, PodScheduled."""
+    out = slim(obj)
+    meta, status = obj.get("metadata"), obj.get("status")
+    if out is obj or not isinstance(meta, dict):
+        return out
+    owners = meta.get("ownerReferences")
+    if isinstance(owners, list):
+        out["metadata"]["ownerReferences"] = [
+            {k: o.get(k) for k in ("kind", "name", "controller")} for o in owners if isinstance(o, dict)
+        ][:4]
+    if "creationTimestamp" in meta:
+        out["metadata"]["creationTimestamp"] = meta["creationTimestamp"]
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if isinstance(conditions, list):
+        out["status"]["conditions"] = [
+            c for c in conditions if isinstance(c, dict) and c.get("type") == "PodScheduled"
+        ][:1]
+    return out
+
+
+@dataclass
+class _Group:
+    first_seen: float
+    last_added: float = 0.0
+    pods: dict[str, L.PodFact] = field(default_factory=dict)
+    deleted: int = 0
+    free: Mapping[str, int] = field(default_factory=dict)  # free GPUs at the first pod (L.free_profile)
+    inference: bool = False
+
+
+class NamespaceLabels:
+    """The first MAX_NAMESPACE_LABELS namespaces get their own label value; the rest share `_other`."""
+
+    def __init__(self, limit: int = MAX_NAMESPACE_LABELS) -> None:
+        self.limit = limit
+        self._known: set[str] = set()
+
+    def __call__(self, namespace: str) -> str:
+        if namespace in self._known:
+            return namespace
+        if len(self._known) < self.limit:
+            self._known.add(namespace)
+            return namespace
+        return OTHER
+
+
+class Tracker:
+    """Jobs and inference workloads, from pod changes (`apply`) and admissions (`admitted`)."""
+
+    def __init__(
+        self,
+        topology: Callable[[], L.Topology],
+        free: Callable[[], Mapping[str, int]],
+        *,
+        free_version: Callable[[], Any] = lambda: None,
+        metrics: Any = None,
+        on_final: Callable[[L.JobRow], None] | None = None,
+        window: float = DEFAULT_WINDOW,
+        settle: float = SETTLE,
+        clock: Callable[[], float] = time.time,
+        max_groups: int = MAX_GROUPS,
+        max_pods: int = MAX_PODS,
+        max_done: int = MAX_DONE,
+        model: L.Comm | None = None,
+    ) -> None:
+        self._topology, self._free, self._clock = topology, free, clock
+        self._free_version = free_version  # changes whenever `free()` may: the profile is kept per version
+        self._last_profile: tuple[Any, Mapping[str, int]] | None = None
+        self._on_final = on_final
+        self.window, self.settle, self.max_groups, self.max_pods = window, settle, max_groups, max_pods
+        self.max_done = max_done
+        self.model = model or L.Comm()
+        self._lock = threading.Lock()
+        self._groups: OrderedDict[str, _Group] = OrderedDict()  # oldest first
+        self._where: dict[str, str] = {}  # pod key -> group
+        self._pods = 0
+        self._admissions: OrderedDict[str, L.Admission] = OrderedDict()
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self._last_sweep = 0.0
+        self._evicted: list[L.JobRow] = []  # finalised early to make room, emitted after the lock
+        self.counts = {"skipped": 0, "evicted": 0, "final": 0, "unowned": 0, "late": 0}
+        self.namespace_label = NamespaceLabels()
+        self.metrics = metrics
+        if metrics is not None:
+            _describe(metrics, self)
+
+    def attach(self, metrics: Any = None, on_final: Callable[[L.JobRow], None] | None = None) -> None:
+        """Metrics and the follow-up writer, made after the pod watch started (serve's start-up order)."""
+        if metrics is not None:
+            self.metrics = metrics
+            _describe(metrics, self)
+        if on_final is not None:
+            self._on_final = on_final
+
+    # -- input --------------------------------------------------------------------------------------------
+
+    def apply(self, change: Change) -> None:
+        if change.type == "SYNCED":
+            return
+        fact: L.PodFact | None = None
+        if change.new is not None:
+            try:
+                fact = L.pod_fact(change.new)
+            except (ValueError, TypeError, AttributeError):
+                with self._lock:
+                    self.counts["skipped"] += 1
+        finals: list[L.JobRow] = []
+        with self._lock:
+            if fact is None:
+                self._forget(change.key, deleted=change.new is None)
+            else:
+                self._put(change.key, fact)
+                finals += self._check(fact.group)
+            finals += self._sweep()
+            finals += self._evicted
+            self._evicted = []
+        self._emit(finals)
+
+    def admitted(self, group: str, admission: L.Admission) -> None:
+        """The webhook decided on an object of `group` (its first allowing decision is the one kept)."""
+        finals: list[L.JobRow] = []
+        with self._lock:
+            known = self._admissions.get(group)
+            if known is None or (known.verdict == "deny" and admission.verdict != "deny"):
+                self._admissions[group] = admission
+                self._admissions.move_to_end(group)
+                while len(self._admissions) > self.max_groups:
+                    self._admissions.popitem(last=False)
+            if admission.verdict == "deny" and group not in self._groups:
+                topo = self._topology()
+                finals.append(L.job_row(group, (), topo, now=self._clock(), admission=admission, model=self.model))
+        self._emit(finals)
+
+    def sweep(self) -> None:
+        """Finalise jobs past their window (also done on every change, at most once a second)."""
+        with self._lock:
+            self._last_sweep = 0.0
+            finals = self._sweep()
+        self._emit(finals)
+
+    # -- output -------------------------------------------------------------------------------------------
+
+    def rows(self) -> tuple[list[L.JobRow], list[L.InferenceRow]]:
+        """Rows of the jobs and inference workloads still tracked (not yet final)."""
+        with self._lock:
+            groups = list(self._groups.items())
+            topo, now = self._topology(), self._clock()
+            jobs = [self._row(g, st, topo, now) for g, st in groups if not st.inference]
+            inference = [L.inference_row(g, list(st.pods.values()), topo) for g, st in groups if st.inference]
+        return jobs, inference
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {
+            "groups": len(self._groups),
+            "pods": self._pods,
+            "done": len(self._done),
+            "admissions": len(self._admissions),
+        }
+
+    # -- internals (lock held) ----------------------------------------------------------------------------
+
+    def _put(self, key: str, fact: L.PodFact) -> None:
+        if fact.group in self._done:
+            self.counts["late"] += 1
+            return
+        old_group = self._where.get(key)
+        if old_group is not None and old_group != fact.group:
+            self._forget(key, deleted=False)
+        st = self._groups.get(fact.group)
+        if st is None:
+            st = self._new_group(fact)
+        if key not in st.pods:
+            st.last_added = self._clock()
+            self._pods += 1
+            if fact.unowned:
+                self.counts["unowned"] += 1
+        old = st.pods.get(key)
+        if old is not None and old.node and not fact.node:
+            return  # a bound pod never comes unbound: a stale event
+        st.pods[key] = fact
+        self._where[key] = fact.group
+        self._bound_memory()
+
+    def _new_group(self, fact: L.PodFact) -> _Group:
+        st = _Group(first_seen=self._clock(), inference=fact.workload == "inference")
+        if not st.inference:
+            # The free GPUs now, when the job's first pod appears (≈ its admission), cut down to what any gang's
+            # best placement can use; the best is computed for the job's real pods once they are all known.
+            st.free = self._profile()
+        self._groups[fact.group] = st
+        return st
+
+    def _profile(self) -> Mapping[str, int]:
+        key = self._free_version()
+        if self._last_profile is None or self._last_profile[0] != key:
+            self._last_profile = (key, L.free_profile(self._free(), self._topology()))
+        return self._last_profile[1]
+
+    def _forget(self, key: str, deleted: bool) -> None:
+        group = self._where.pop(key, None)
+        if group is None:
+            return
+        st = self._groups.get(group)
+        if st is None:
+            return
+        fact = st.pods.get(key)
+        if fact is None:
+            return
+        if fact.node and deleted:
+            return  # it was bound (and ended or was deleted since): the ledger keeps where it ran
+        del st.pods[key]
+        self._pods -= 1
+        if deleted and not st.inference:
+            st.deleted += 1
+        if not st.pods and (st.inference or not st.deleted):
+            del self._groups[group]
+
+    def _bound_memory(self) -> None:
+        while len(self._groups) > self.max_groups or self._pods > self.max_pods:
+            group, st = next(iter(self._groups.items()))
+            self.counts["evicted"] += 1
+            self._evicted.append(self._final(group, st))
+
+    def _check(self, group: str) -> list[L.JobRow]:
+        st = self._groups.get(group)
+        if st is None or not self._settled(st, self._clock()):
+            return []
+        row = self._row(group, st, self._topology(), self._clock())
+        return [self._final(group, st)] if row.fully_bound else []
+
+    def _settled(self, st: _Group, now: float) -> bool:
+        """Every pod seen is bound, none was deleted unbound, and no pod came for `settle` seconds."""
+        if st.inference or st.deleted or now - st.last_added < self.settle:
+            return False
+        return all(p.node for p in st.pods.values())
+
+    def _sweep(self) -> list[L.JobRow]:
+        now = self._clock()
+        if now - self._last_sweep < 1.0:
+            return []
+        self._last_sweep = now
+        return [
+            self._final(group, st)
+            for group, st in list(self._groups.items())
+            if not st.inference and (st.first_seen + self.window <= now or self._settled(st, now))
+        ]
+
+    def _row(self, group: str, st: _Group, topo: L.Topology, now: float) -> L.JobRow:
+        return L.job_row(
+            group,
+            list(st.pods.values()),
+            topo,
+            now=now,
+            admission=self._admissions.get(group),
+            best=L.best_placement([p.gpus for p in st.pods.values()], st.free, topo, self.model)
+            if st.pods and not st.inference
+            else None,
+            deleted=st.deleted,
+            model=self.model,
+        )
+
+    def _final(self, group: str, st: _Group) -> L.JobRow:
+        row = self._row(group, st, self._topology(), self._clock())
+        for key in st.pods:
+            self._where.pop(key, None)
+        self._pods -= len(st.pods)
+        del self._groups[group]
+        if not st.inference:
+            self._done[group] = None
+            while len(self._done) > self.max_done:
+                self._done.popitem(last=False)
+        return row
+
+    def _emit(self, rows: list[L.JobRow]) -> None:
+        for row in rows:
+            self.counts["final"] += 1
+            if self.metrics is not None:
+                self._count(row)
+            if self._on_final is not None:
+                self._on_final(row)
+
+    def _count(self, row: L.JobRow) -> None:
+        m = self.metrics
+        labels = (("namespace", self.namespace_label(row.namespace)), ("workload", row.workload))
+        m.inc("gpu_admission_ledger_jobs_total", (*labels, ("outcome", row.outcome)))
+        if L.succeeded(row, self.window):
+            m.inc("gpu_admission_ledger_jobs_bound_in_window_total", labels)
+        if row.fully_bound and row.pending_s is not None:
+            m.observe_in("gpu_admission_ledger_pending_seconds", row.pending_s, labels)
+        if row.comm_ratio is not None:
+            m.observe_in("gpu_admission_ledger_comm_ratio", row.comm_ratio, labels)
+
+    def partial(self) -> dict[tuple[tuple[str, str], ...], tuple[int, int]]:
+        """Per label set: (jobs partly bound now, GPUs they hold). O(tracked pods), for a scrape."""
+        out: dict[tuple[tuple[str, str], ...], tuple[int, int]] = {}
+        with self._lock:
+            for st in self._groups.values():
+                pods = st.pods.values()
+                held = [p.gpus for p in pods if p.node]
+                if st.inference or not held or len(held) == len(st.pods) + st.deleted:
+                    continue
+                first = next(iter(pods))
+                key = (("namespace", self.namespace_label(first.namespace)), ("workload", first.workload))
+                jobs, gpus = out.get(key, (0, 0))
+                out[key] = (jobs + 1, gpus + sum(held))
+        return out
+
+
+def for_state(state: Any, window: float = DEFAULT_WINDOW) -> Tracker:
+    """A tracker reading the server's inventory (topology) and pod view (free GPUs)."""
+
+    def topology() -> L.Topology:
+        return L.topology_of(state.snapshot().inventory)
+
+    def free() -> Mapping[str, int]:
+        view = state.pods
+        used = view.snapshot().used_of(GPU) if view is not None else {}
+        return L.free_of(topology(), used)
+
+    def version() -> Any:
+        view = state.pods
+        return (id(state.snapshot().inventory), view.snapshot().version if view is not None else None)
+
+    return Tracker(topology, free, free_version=version, window=window)
+
+
+def follow_up(row: L.JobRow) -> dict[str, Any]:
+    """The audit record of a job's outcome, under the uid of its admission (docs/audit.md)."""
+    return {
+        "time": format_time(time.time()),
+        "uid": row.uid,
+        "record": "outcome",
+        "namespace": row.namespace,
+        "group": row.group,
+        "workload": row.workload,
+        "outcome": row.outcome,
+        "rules": list(row.rules),
+        "pods": row.pods,
+        "bound": row.bound,
+        "deleted": row.deleted,
+        "gpus": row.gpus,
+        "pendingSeconds": row.pending_s,
+        "spans": {k: n for k, n in row.spans},
+        "nodes": len(row.nodes),
+        "placement": row.placement,
+        "best": row.best,
+        "actualMs": row.actual_ms,
+        "bestMs": row.best_ms,
+        "commRatio": row.comm_ratio,
+        "unowned": row.unowned,
+    }
+
+
+def _describe(m: Any, t: Tracker) -> None:
+    m.describe(
+        "gpu_admission_ledger_jobs_total",
+        "counter",
+        "Jobs whose placement is final, by namespace (first 50, then _other), workload class and outcome",
+    )
+    m.describe(
+        "gpu_admission_ledger_jobs_bound_in_window_total",
+        "counter",
+        "Jobs fully bound within the ledger window of their first pod (success rate = this / jobs not denied)",
+    )
+    m.histogram(
+        "gpu_admission_ledger_pending_seconds",
+        "Seconds from a job's first pod created to its last pod bound (PodScheduled), fully bound jobs",
+        PENDING_BOUNDS,
+    )
+    m.histogram(
+        "gpu_admission_ledger_comm_ratio",
+        "All-reduce time of a job's actual placement over the best the free GPUs allowed at its first pod",
+        RATIO_BOUNDS,
+    )
+    m.gauge(
+        "gpu_admission_ledger_partial_gangs",
+        "Jobs partly bound now, by namespace and workload class",
+        lambda: [(k, float(v[0])) for k, v in sorted(t.partial().items())],
+    )
+    m.gauge(
+        "gpu_admission_ledger_partial_gang_gpus",
+        "GPUs held by jobs partly bound now, by namespace and workload class",
+        lambda: [(k, float(v[1])) for k, v in sorted(t.partial().items())],
+    )
+    m.gauge(
+        "gpu_admission_ledger_tracker",
+        "The ledger tracker's state: tracked groups, pods, final-id memory; skipped, evicted, unowned pods",
+        lambda: [((("what", k),), float(v)) for k, v in sorted({**t.sizes, **t.counts}.items())],
+    )
