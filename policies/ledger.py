@@ -330,7 +330,16 @@ class Admission:
     uid: str
     time: float
     verdict: str  # allow, warn or deny
-    rules: tuple[str, ...] = ()  # rules whose outcome was deny or warn
+    rules: tuple[str, ...] = ()  # rules that fired (deny, warn, audit, error) and mutations applied
+    workload: str = "unclassified"
+
+
+def merge_admission(known: Admission | None, new: Admission) -> Admission:
+    """The decision a job's ledger keeps of several (a Job's mutate and validate, then each pod's): the first
+    that allowed it, unless one denied it since (the latest denial), until one allows it again."""
+    if known is None or new.verdict == "deny" or (known.verdict == "deny" and new.verdict != "deny"):
+        return new
+    return known
 
 
 @dataclass(frozen=True)
@@ -402,7 +411,7 @@ def job_row(
     else:
         outcome = "one-domain" if all(n == 1 for _, n in spread) else "spanning"
     pending: float | None = None
-    if created is not None:
+    if created is not None and total:
         end = last if outcome in BOUND_OUTCOMES and last is not None else now
         pending = max(0.0, end - created)
     where = actual = ratio = None
@@ -418,7 +427,7 @@ def job_row(
     return JobRow(
         group=group,
         namespace=first_pod.namespace if first_pod else group.split("/", 1)[0],
-        workload=first_pod.workload if first_pod else "unclassified",
+        workload=first_pod.workload if first_pod else (admission.workload if admission else "unclassified"),
         unowned=first_pod.unowned if first_pod else False,
         pods=total,
         bound=len(bound),
@@ -537,3 +546,70 @@ def summarize(rows: Sequence[JobRow], within_s: float) -> Summary:
         unowned=sum(1 for r in rows if r.unowned),
         unknown_topology=counts["unknown-topology"],
     )
+
+
+# -- a whole cluster at once (gpu-admission placement) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ledger:
+    jobs: tuple[JobRow, ...]
+    inference: tuple[InferenceRow, ...]
+    skipped: int  # pod objects that could not be read
+
+
+def build(
+    pods: Iterable[Any],
+    topo: Topology,
+    admissions: Mapping[str, Admission],
+    *,
+    now: float,
+    model: Comm | None = None,
+) -> Ledger:
+    """The ledger of a list of pods (and the admissions of an audit log): each job's best placement is
+    computed from the GPUs the listed pods held when its first pod was created (pods that ended and are gone
+    from the list are not counted: the best is then no worse than the real one was)."""
+    model = model or Comm()
+    facts: list[PodFact] = []
+    skipped = 0
+    for obj in pods:
+        try:
+            fact = pod_fact(obj)
+        except (ValueError, TypeError, AttributeError):
+            skipped += 1
+            continue
+        if fact is not None:
+            facts.append(fact)
+    groups: dict[str, list[PodFact]] = {}
+    for f in facts:
+        groups.setdefault(f.group, []).append(f)
+    inference = {g for g, members in groups.items() if members[0].workload == "inference"}
+    alloc = {name: f.gpus for name, f in topo.nodes.items() if not f.shared and f.gpus > 0}
+    events = sorted((p.scheduled if p.scheduled is not None else -math.inf, p.node, p.gpus) for p in facts if p.node)
+    starts = sorted(
+        (min((p.created for p in members if p.created is not None), default=math.inf), g)
+        for g, members in groups.items()
+        if g not in inference
+    )
+    used: dict[str, int] = {}
+    rows: list[JobRow] = []
+    i = 0
+    for created, group in starts:
+        while i < len(events) and events[i][0] <= created:
+            _, node, gpus = events[i]
+            used[node] = used.get(node, 0) + gpus
+            i += 1
+        members = groups[group]
+        own: dict[str, int] = {}
+        for p in members:
+            if p.node and (p.scheduled if p.scheduled is not None else -math.inf) <= created:
+                own[p.node] = own.get(p.node, 0) + p.gpus
+        free = {n: a - used.get(n, 0) + own.get(n, 0) for n, a in alloc.items()}
+        best = best_placement([p.gpus for p in members], free, topo, model)
+        rows.append(job_row(group, members, topo, now=now, admission=admissions.get(group), best=best, model=model))
+    for group, admission in admissions.items():
+        if group not in groups and admission.workload != "inference":
+            rows.append(job_row(group, (), topo, now=now, admission=admission, model=model))
+    rows.sort(key=lambda r: (r.created if r.created is not None else math.inf, r.group))
+    infer = tuple(inference_row(g, groups[g], topo) for g in sorted(inference))
+    return Ledger(tuple(rows), infer, skipped)

@@ -572,7 +572,8 @@ def _record(req: admission.Request, webhook: str, r: Review) -> dict[str, Any] |
 def _admission(rec: dict[str, Any], verdict: str) -> Admission:
     """What the ledger keeps of a decision: uid, time, verdict, the rules that fired and the mutations."""
     fired = [x["rule"] for x in rec["rules"] if x["outcome"] in ("deny", "warn", "audit", "error")]
-    return Admission(rec["uid"], time.time(), verdict, tuple(dict.fromkeys([*fired, *rec["mutations"]])))
+    rules = tuple(dict.fromkeys([*fired, *rec["mutations"]]))
+    return Admission(rec["uid"], time.time(), verdict, rules, rec.get("workload") or "unclassified")
 
 
 def _now() -> str:

@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "certs.cli",
     "webhook.cmd_audit",
     "webhook.cmd_test",
+    "webhook.cmd_placement",
 )
 
 

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import orjson
 
+from policies.ledger import BOUND_OUTCOMES, OUTCOMES
 from policies.limits import json_too_deep
 from webhook.audit import ROTATED_SUFFIX, format_time, is_stale, parse_time
 from webhook.cli import UsageError
@@ -160,9 +161,17 @@ def _is_gzip(stream: IO[bytes]) -> bool:
     return magic == b"\x1f\x8b"
 
 
+def is_outcome(rec: dict[str, Any]) -> bool:
+    """A follow-up record of the ledger: what became of an admitted job (docs/audit.md)."""
+    return rec.get("record") == "outcome"
+
+
 def _as_entry(rec: object) -> Entry | None:
-    """An audit record has at least a parseable `time`, a known `verdict` and a `uid`."""
-    if not isinstance(rec, dict) or rec.get("verdict") not in VERDICTS or "uid" not in rec:
+    """An audit record has at least a parseable `time`, a `uid` and a known `verdict` (a decision) or
+    `outcome` (a follow-up record of the ledger)."""
+    if not isinstance(rec, dict) or "uid" not in rec:
+        return None
+    if rec.get("verdict") not in VERDICTS and not (is_outcome(rec) and rec.get("outcome") in OUTCOMES):
         return None
     when = rec.get("time")
     if not isinstance(when, str):
@@ -217,13 +226,21 @@ def _age_order(p: Path) -> tuple[str, int]:
 def fired(rec: dict[str, Any]) -> list[tuple[str, str]]:
     """(rule, outcome) of each rule that denied, warned, audited or erred."""
     rules = rec.get("rules")
-    if not isinstance(rules, list):
+    if not isinstance(rules, list) or is_outcome(rec):
         return []
     out = []
     for r in rules:
         if isinstance(r, dict) and isinstance(r.get("rule"), str) and r.get("outcome") in FIRED:
             out.append((r["rule"], r["outcome"]))
     return out
+
+
+def _rule_ids(rec: dict[str, Any]) -> list[str]:
+    """The rules a record is about: those that fired, or for an outcome those that fired at admission."""
+    if is_outcome(rec):
+        rules = rec.get("rules")
+        return [r for r in rules if isinstance(r, str)] if isinstance(rules, list) else []
+    return [rule for rule, _ in fired(rec)]
 
 
 def make_filter(args: argparse.Namespace, now: datetime) -> Callable[[Entry], bool]:
@@ -240,7 +257,7 @@ def make_filter(args: argparse.Namespace, now: datetime) -> Callable[[Entry], bo
             and (args.user is None or rec.get("user") == args.user)
             and (kind is None or str(rec.get("kind", "")).lower() == kind)
             and (args.dry_run == "include" or dry == (args.dry_run == "only"))
-            and (args.rule is None or any(rule == args.rule for rule, _ in fired(rec)))
+            and (args.rule is None or any(rule == args.rule for rule in _rule_ids(rec)))
         )
 
     return keep
@@ -318,6 +335,17 @@ def _latency_cell(rec: dict[str, Any]) -> str:
 
 def _row(entry: Entry) -> list[str]:
     when, rec = entry
+    if is_outcome(rec):
+        pending = rec.get("pendingSeconds")
+        return [
+            f"{when:%Y-%m-%d %H:%M:%S}",
+            _cell(rec.get("outcome")),
+            "(ledger)",
+            _cell(rec.get("group")),
+            _cell(rec.get("workload")) or "-",
+            _cell(", ".join(_rule_ids(rec))) or "-",
+            f"{pending:.0f}s" if isinstance(pending, int | float) else "-",
+        ]
     namespace, name = _cell(rec.get("namespace")), _cell(rec.get("name")) or "<generated>"
     return [
         f"{when:%Y-%m-%d %H:%M:%S}",
@@ -376,9 +404,16 @@ class Summary:
         self.buckets: dict[float, Counter[str]] = {}
         self.denied: Counter[tuple[str, str, str]] = Counter()
         self.latencies: list[float] = []
+        self.outcomes = Outcomes()
 
     def add(self, entry: Entry) -> None:
         when, rec = entry
+        if is_outcome(rec):
+            self.count += 1
+            self.first = when if self.first is None else min(self.first, when)
+            self.last = when if self.last is None else max(self.last, when)
+            self.outcomes.add(rec)
+            return
         verdict = rec["verdict"]
         self.count += 1
         self.dry_run += rec.get("dryRun") is True
@@ -456,6 +491,7 @@ class Summary:
                 {"namespace": ns, "kind": kind, "name": name, "count": n} for (ns, kind, name), n in self._top_denied()
             ],
             "latencyMs": self._latency(),
+            "outcomes": self.outcomes.to_json(),
         }
 
     def _top_denied(self) -> list[tuple[tuple[str, str, str], int]]:
@@ -469,6 +505,7 @@ class Summary:
         out.append(
             f"{self.count} records from {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC: "
             f"{verdicts} ({self.dry_run} dry run)"
+            + (f"; {self.outcomes.jobs} outcome(s)" if self.outcomes.jobs else "")
         )
 
         rules = self._rules()
@@ -528,7 +565,74 @@ class Summary:
             out += _columns(["", "COUNT", ""], rows)
         else:
             out.append("  no latencies recorded")
+        out += self.outcomes.render()
         return "\n".join(out) + "\n"
+
+
+class Outcomes:
+    """The ledger's follow-up records: per rule and per namespace, jobs, how many were fully bound (within the
+    server's --ledger-window: a job not bound by then is final as partly or never bound), and the mean comm
+    ratio (actual placement's all-reduce time over the best the free GPUs allowed at admission)."""
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.by_outcome: Counter[str] = Counter()
+        self.by_rule: dict[str, list[float]] = {}  # [jobs, denied, bound, ratio sum, ratios]
+        self.by_namespace: dict[str, list[float]] = {}
+
+    def add(self, rec: dict[str, Any]) -> None:
+        outcome = str(rec["outcome"])
+        ratio = rec.get("commRatio")
+        ratio = float(ratio) if isinstance(ratio, int | float) and not isinstance(ratio, bool) else None
+        self.jobs += 1
+        self.by_outcome[outcome] += 1
+        for rule in _rule_ids(rec) or ["(none)"]:
+            _tally(self.by_rule.setdefault(rule, [0.0] * 5), outcome, ratio)
+        _tally(self.by_namespace.setdefault(_cell(rec.get("namespace")) or "(cluster)", [0.0] * 5), outcome, ratio)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "jobs": self.jobs,
+            "byOutcome": {o: self.by_outcome[o] for o in OUTCOMES},
+            "byRule": {k: _stats(v) for k, v in sorted(self.by_rule.items())},
+            "byNamespace": {k: _stats(v) for k, v in sorted(self.by_namespace.items())},
+        }
+
+    def render(self) -> list[str]:
+        if not self.jobs:
+            return []
+        out = ["", f"Placement outcomes ({self.jobs} jobs)"]
+        out.append("  " + ", ".join(f"{o} {self.by_outcome[o]}" for o in OUTCOMES))
+        for title, table in (("RULE", self.by_rule), ("NAMESPACE", self.by_namespace)):
+            rows = []
+            for key, acc in sorted(table.items()):
+                st = _stats(acc)
+                rate = "-" if st["successRate"] is None else f"{st['successRate']:.0%}"
+                ratio = "-" if st["commRatioMean"] is None else f"{st['commRatioMean']:.2f}"
+                rows.append([key, str(st["jobs"]), str(st["denied"]), str(st["bound"]), rate, ratio])
+            out += ["", *_columns([title, "JOBS", "DENIED", "BOUND", "SUCCESS", "COMM×"], rows)]
+        return out
+
+
+def _tally(acc: list[float], outcome: str, ratio: float | None) -> None:
+    acc[0] += 1
+    acc[1] += outcome == "denied"
+    acc[2] += outcome in BOUND_OUTCOMES
+    if ratio is not None:
+        acc[3] += ratio
+        acc[4] += 1
+
+
+def _stats(acc: list[float]) -> dict[str, Any]:
+    jobs, denied, bound, total, n = (int(acc[0]), int(acc[1]), int(acc[2]), acc[3], int(acc[4]))
+    admitted = jobs - denied
+    return {
+        "jobs": jobs,
+        "denied": denied,
+        "bound": bound,
+        "successRate": bound / admitted if admitted else None,
+        "commRatioMean": total / n if n else None,
+    }
 
 
 def _columns(headers: list[str], rows: Iterable[list[str]]) -> list[str]:

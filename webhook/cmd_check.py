@@ -75,20 +75,24 @@ def load_policy(path: str | None) -> Policy:
 CLUSTER_KINDS = ("Node", "ResourceSlice", "DeviceClass", "Pod")
 
 
+def load_kinds(what: str, path: str, kinds: tuple[str, ...], expected: str = "") -> list[dict[str, Any]]:
+    """The objects of a file, all of one of `kinds`; a one-line UsageError naming `what` otherwise."""
+    try:
+        objects = load_objects([path])
+    except ManifestError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    other = [o for o in objects if o.get("kind") not in kinds]
+    if other:
+        expected = expected or " or ".join(kinds)
+        raise UsageError(f"{what} {path}: expected {expected} objects, found kind {other[0].get('kind')!r}")
+    return objects
+
+
 def load_cluster(path: str | None, policy: Policy) -> tuple[inventory_mod.Inventory, list[dict[str, Any]]]:
     """The inventory from a nodes file, and the Pods that file also holds (kubectl get nodes,pods)."""
     if not path:
         return inventory_mod.build((), policy), []
-    try:
-        objects = load_objects([path])
-    except ManifestError as exc:
-        raise UsageError(f"nodes: {exc}") from None
-    other = [o for o in objects if o.get("kind") not in CLUSTER_KINDS]
-    if other:
-        raise UsageError(
-            f"nodes {path}: expected Node, ResourceSlice, DeviceClass (or Pod) objects, found kind "
-            f"{other[0].get('kind')!r}"
-        )
+    objects = load_kinds("nodes", path, CLUSTER_KINDS, "Node, ResourceSlice, DeviceClass (or Pod)")
     inv = inventory_mod.build_cluster(objects, policy)
     return inv, [o for o in objects if o.get("kind") == "Pod"]
 

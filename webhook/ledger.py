@@ -164,13 +164,11 @@ class Tracker:
         """The webhook decided on an object of `group` (its first allowing decision is the one kept)."""
         finals: list[L.JobRow] = []
         with self._lock:
-            known = self._admissions.get(group)
-            if known is None or (known.verdict == "deny" and admission.verdict != "deny"):
-                self._admissions[group] = admission
-                self._admissions.move_to_end(group)
-                while len(self._admissions) > self.max_groups:
-                    self._admissions.popitem(last=False)
-            if admission.verdict == "deny" and group not in self._groups:
+            self._admissions[group] = L.merge_admission(self._admissions.get(group), admission)
+            self._admissions.move_to_end(group)
+            while len(self._admissions) > self.max_groups:
+                self._admissions.popitem(last=False)
+            if admission.verdict == "deny" and group not in self._groups and admission.workload != "inference":
                 topo = self._topology()
                 finals.append(L.job_row(group, (), topo, now=self._clock(), admission=admission, model=self.model))
         self._emit(finals)
