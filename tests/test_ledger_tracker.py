@@ -149,6 +149,30 @@ def test_pods_deleted_before_binding_unowned_pods_and_unknown_nodes_are_counted(
     assert (tr.counts["skipped"], tr.counts["unowned"]) == (1, 1)
 
 
+def test_inference_replicas_are_spread_rows_until_deleted() -> None:
+    clock = Clock()
+    tr, finals, _ = tracker(clock, window=5)
+    rs = {"labels": {"pod-template-hash": "h"}, "owner": ("ReplicaSet", "web-h"), "gpus": 1}
+    web = [pod(f"web-h-{i}", **rs) for i in range(3)]  # type: ignore[arg-type]
+    for p, node in zip(web, ("a-1", "a-1", "b-2"), strict=True):
+        add(tr, p)
+        bind(tr, p, node, T0 + 1)
+    clock.now += 60
+    tr.sweep()
+    jobs, inference = tr.rows()
+    assert finals == [] and jobs == []  # an inference workload is never final: it runs
+    [row] = inference
+    assert (row.group, row.bound, row.per_node, row.per_zone) == (
+        "ml/Deployment/web",
+        3,
+        (("a-1", 2), ("b-2", 1)),
+        (("z1", 3),),
+    )
+    for p in web:
+        delete(tr, p)  # scaled to zero: nothing kept
+    assert tr.rows() == ([], []) and tr.sizes["pods"] == 0
+
+
 def test_oldest_jobs_are_evicted_past_the_limits() -> None:
     clock = Clock()
     tr, finals, _ = tracker(clock, max_groups=100, max_pods=150)

@@ -15,6 +15,7 @@ labels are bounded: namespaces beyond MAX_NAMESPACE_LABELS are reported as `_oth
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -27,6 +28,8 @@ from cluster.reflector import Change
 from policies import ledger as L
 from policies.resources import GPU
 from webhook.audit import format_time
+
+log = logging.getLogger("gpu-admission.ledger")
 
 MAX_GROUPS = 10_000
 MAX_PODS = 100_000
@@ -174,11 +177,25 @@ class Tracker:
         self._emit(finals)
 
     def sweep(self) -> None:
-        """Finalise jobs past their window (also done on every change, at most once a second)."""
+        """Finalise jobs settled or past their window (also done on every change, at most once a second)."""
         with self._lock:
             self._last_sweep = 0.0
             finals = self._sweep()
         self._emit(finals)
+
+    def start(self, stop: threading.Event, interval: float = 1.0) -> threading.Thread:
+        """Sweep every `interval` seconds until `stop` is set: a quiet cluster still gets its jobs final."""
+
+        def loop() -> None:
+            while not stop.wait(interval):
+                try:
+                    self.sweep()
+                except Exception:  # never a silent end of the sweeper: log and keep sweeping
+                    log.exception("ledger sweep failed")
+
+        thread = threading.Thread(target=loop, name="ledger-sweep", daemon=True)
+        thread.start()
+        return thread
 
     # -- output -------------------------------------------------------------------------------------------
 
@@ -249,8 +266,8 @@ class Tracker:
         fact = st.pods.get(key)
         if fact is None:
             return
-        if fact.node and deleted:
-            return  # it was bound (and ended or was deleted since): the ledger keeps where it ran
+        if fact.node and deleted and not st.inference:
+            return  # it was bound (and ended or was deleted since): the job's ledger keeps where it ran
         del st.pods[key]
         self._pods -= 1
         if deleted and not st.inference:

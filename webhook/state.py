@@ -373,6 +373,8 @@ class State:
         )
         self.pods, self.pods_source = view, "watch:pods"
         self._reflectors.append(refl.start())
+        if tracker is not None:
+            tracker.start(self._stop)
         return refl
 
     def watch_targets(self, client: Any) -> None:
