@@ -117,6 +117,8 @@ def test_denial_is_final_at_once_and_counts_against_nothing() -> None:
     tr, finals, m = tracker(clock)
     tr.admitted("ml/batch.kubernetes.io/job-name=x", L.Admission("uid-x", T0, "allow"))
     tr.admitted("ml/batch.kubernetes.io/job-name=x", L.Admission("uid-y", T0, "deny", ("training-same-rack",)))
+    assert finals == []  # queued by the request path, taken in by the next change or sweep
+    tr.sweep()
     [row] = finals
     assert (row.outcome, row.uid, row.rules) == ("denied", "uid-y", ("training-same-rack",))
     text = m.render()

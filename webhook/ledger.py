@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +122,7 @@ class Tracker:
         self._where: dict[str, str] = {}  # pod key -> group
         self._pods = 0
         self._admissions: OrderedDict[str, L.Admission] = OrderedDict()
+        self._inbox: deque[tuple[str, L.Admission]] = deque(maxlen=max_groups)  # from the request path
         self._done: OrderedDict[str, None] = OrderedDict()
         self._last_sweep = 0.0
         self._evicted: list[L.JobRow] = []  # finalised early to make room, emitted after the lock
@@ -151,8 +152,8 @@ class Tracker:
             except (ValueError, TypeError, AttributeError):
                 with self._lock:
                     self.counts["skipped"] += 1
-        finals: list[L.JobRow] = []
         with self._lock:
+            finals = self._take_admissions()
             if fact is None:
                 self._forget(change.key, deleted=change.new is None)
             else:
@@ -164,9 +165,14 @@ class Tracker:
         self._emit(finals)
 
     def admitted(self, group: str, admission: L.Admission) -> None:
-        """The webhook decided on an object of `group` (its first allowing decision is the one kept)."""
+        """The webhook decided on an object of `group`. Called on the request path: never waits for the lock
+        (a sweep or a scrape may hold it), the decision is queued and taken in by the next change or sweep."""
+        self._inbox.append((group, admission))
+
+    def _take_admissions(self) -> list[L.JobRow]:
         finals: list[L.JobRow] = []
-        with self._lock:
+        while self._inbox:
+            group, admission = self._inbox.popleft()
             self._admissions[group] = L.merge_admission(self._admissions.get(group), admission)
             self._admissions.move_to_end(group)
             while len(self._admissions) > self.max_groups:
@@ -174,13 +180,13 @@ class Tracker:
             if admission.verdict == "deny" and group not in self._groups and admission.workload != "inference":
                 topo = self._topology()
                 finals.append(L.job_row(group, (), topo, now=self._clock(), admission=admission, model=self.model))
-        self._emit(finals)
+        return finals
 
     def sweep(self) -> None:
         """Finalise jobs settled or past their window (also done on every change, at most once a second)."""
         with self._lock:
             self._last_sweep = 0.0
-            finals = self._sweep()
+            finals = self._take_admissions() + self._sweep()
         self._emit(finals)
 
     def start(self, stop: threading.Event, interval: float = 1.0) -> threading.Thread:
