@@ -148,7 +148,7 @@ def test_pods_deleted_before_binding_unowned_pods_and_unknown_nodes_are_counted(
     assert (by_group["ml/job-name=g"].outcome, by_group["ml/job-name=g"].deleted) == ("partly-bound", 1)
     assert (by_group["ml/pod=lonely"].outcome, by_group["ml/pod=lonely"].unowned) == ("one-domain", True)
     assert by_group["ml/job-name=f"].outcome == "unknown-topology"
-    assert (tr.counts["skipped"], tr.counts["unowned"]) == (1, 1)
+    assert (tr.counts["skipped"], tr.counts["unowned"], tr.counts["deleted"]) == (1, 1, 1)
 
 
 def test_inference_replicas_are_spread_rows_until_deleted() -> None:
@@ -183,6 +183,12 @@ def test_oldest_jobs_are_evicted_past_the_limits() -> None:
         assert tr.sizes["groups"] <= 100 and tr.sizes["pods"] <= 150
     assert tr.counts["evicted"] == 200 and [r.group for r in finals[:2]] == ["ml/job-name=j0", "ml/job-name=j1"]
     assert {r.outcome for r in finals} == {"never-bound"}
+    rs = {"labels": {"pod-template-hash": "h"}, "owner": ("ReplicaSet", "web-h"), "gpus": 1}
+    add(tr, pod("web-h-0", **rs))  # type: ignore[arg-type]
+    for i in range(300, 400):
+        add(tr, pod(f"p-{i}", labels={"job-name": f"j{i}"}))
+    assert tr.counts["evicted"] == 301 and len(finals) == 300  # the Deployment was forgotten, not final
+    assert all(r.workload != "inference" for r in finals)
 
 
 def _series(text: str, name: str) -> set[str]:

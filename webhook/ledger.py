@@ -126,7 +126,7 @@ class Tracker:
         self._done: OrderedDict[str, None] = OrderedDict()
         self._last_sweep = 0.0
         self._evicted: list[L.JobRow] = []  # finalised early to make room, emitted after the lock
-        self.counts = {"skipped": 0, "evicted": 0, "final": 0, "unowned": 0, "late": 0}
+        self.counts = {"skipped": 0, "evicted": 0, "final": 0, "unowned": 0, "deleted": 0, "late": 0}
         self.namespace_label = NamespaceLabels()
         self.metrics = metrics
         if metrics is not None:
@@ -278,6 +278,7 @@ class Tracker:
         self._pods -= 1
         if deleted and not st.inference:
             st.deleted += 1
+            self.counts["deleted"] += 1
         if not st.pods and (st.inference or not st.deleted):
             del self._groups[group]
 
@@ -285,14 +286,15 @@ class Tracker:
         while len(self._groups) > self.max_groups or self._pods > self.max_pods:
             group, st = next(iter(self._groups.items()))
             self.counts["evicted"] += 1
-            self._evicted.append(self._final(group, st))
+            row = self._final(group, st)
+            if not st.inference:  # an inference workload has no outcome: it is only forgotten
+                self._evicted.append(row)
 
     def _check(self, group: str) -> list[L.JobRow]:
         st = self._groups.get(group)
         if st is None or not self._settled(st, self._clock()):
             return []
-        row = self._row(group, st, self._topology(), self._clock())
-        return [self._final(group, st)] if row.fully_bound else []
+        return [self._final(group, st)]  # settled: every pod bound, so the outcome is a bound one
 
     def _settled(self, st: _Group, now: float) -> bool:
         """Every pod seen is bound, none was deleted unbound, and no pod came for `settle` seconds."""
@@ -450,6 +452,7 @@ def _describe(m: Any, t: Tracker) -> None:
     )
     m.gauge(
         "gpu_admission_ledger_tracker",
-        "The ledger tracker's state: tracked groups, pods, final-id memory; skipped, evicted, unowned pods",
+        "The ledger tracker's state: tracked groups, pods, final ids and admissions kept; pods skipped (unreadable), "
+        "unowned, deleted before bound; jobs final, evicted early, late events",
         lambda: [((("what", k),), float(v)) for k, v in sorted({**t.sizes, **t.counts}.items())],
     )
