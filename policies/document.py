@@ -190,8 +190,10 @@ class _Checker:
     def known(self, doc: Mapping[str, Any], allowed: tuple[str, ...], path: str) -> None:
         for key in doc:
             if key not in allowed:
-                hint = _closest(str(key), allowed)
-                self.err(_join(path, str(key)), "unknown field" + (f" (did you mean {hint!r}?)" if hint else ""))
+                name = str(key)
+                hint = _closest(name, allowed)
+                shown = name if name.isprintable() else repr(name)[1:-1]  # a line break in a key stays escaped
+                self.err(_join(path, shown), "unknown field" + (f" (did you mean {hint!r}?)" if hint else ""))
 
     def choice(self, doc: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str, path: str) -> str:
         value = doc.get(key, default)

@@ -26,6 +26,7 @@ HEAD = "apiVersion: gpu-admission.io/v1alpha1\nkind: Policy\n"
         ("failureMode: sometimes\n", "failureMode (line 3): must be one of 'closed', 'open'"),
         ("topology:\n  rack: ''\n", "topology.rack (line 4): must be 'auto' or a node label key"),
         ("extra: 1\n", "extra (line 3): unknown field"),
+        ('rules:\n  "a\\nb": 1\n', "rules.a\\nb: unknown field"),  # a line break in a key stays escaped
     ],
 )
 def test_errors_name_the_field_path_and_line(body: str, error: str) -> None:
