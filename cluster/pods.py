@@ -9,6 +9,11 @@ Reflector's transform: a pod without GPUs is not kept at all, and a GPU pod is c
 (~100 bytes with its key and resourceVersion; strings shared across pods are interned: nodes, jobs,
 phases, the GPU requests) instead of its object (~3 KB cut down, 5-10 KB whole).
 
+Another reader of the same watch (the post-launch ledger, webhook/ledger.py) gets its few fields without a
+watch or pod objects of its own: the view's optional `note` reader adds a small hashable value to each GPU
+pod's entry (`PodEntry.note`), equal notes of recent pods shared, and the listener reads it from the view's
+changes.
+
 Readers get an immutable `PodSnapshot`, built at most once per change of the view (on the first read after
 it), so a review never walks the pods. What a pod's GPUs and job are is the caller's to say (`read`): this
 layer knows no GPU resource names or job labels (those are policies/'s). A pod `read` cannot make sense
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -37,6 +42,7 @@ class PodEntry:
     phase: str = ""
     key: str = ""  # namespace/name (the Reflector's key, the same string)
     version: str | None = None  # metadata.resourceVersion (the Reflector compares it on a relist)
+    note: Any = None  # what the view's `note` reader keeps besides (the ledger's fields), None without one
 
     @property
     def holding(self) -> bool:
@@ -46,6 +52,9 @@ class PodEntry:
 
 # (pod object) -> (GPU units per resource, job id or None); raises ValueError/TypeError on garbage.
 Reader = Callable[[Mapping[str, Any]], tuple[Mapping[str, int], str | None]]
+# (GPU pod object) -> a small hashable value another reader of the pod watch needs (webhook/ledger.py); raises
+# ValueError/TypeError on garbage (the entry then has no note: the view itself still counts the pod).
+Noter = Callable[[Mapping[str, Any]], Hashable]
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,7 @@ class PodSnapshot:
         return hit
 
 
-def entry(obj: Any, read: Reader) -> PodEntry | None:
+def entry(obj: Any, read: Reader, note: Noter | None = None) -> PodEntry | None:
     """The entry of one pod object; None when it asks for no GPU. Raises ValueError on garbage (TypeError and
     AttributeError from `read` too)."""
     if not isinstance(obj, dict):
@@ -94,7 +103,15 @@ def entry(obj: Any, read: Reader) -> PodEntry | None:
         sys.intern(phase),
         object_key(obj) if isinstance(meta, dict) else "",
         str(rv) if rv else None,
+        _noted(obj, note) if note is not None else None,
     )
+
+
+def _noted(obj: Any, note: Noter) -> Hashable:
+    try:
+        return _shared_note(note(obj))
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 _GPUS: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
@@ -111,11 +128,28 @@ def _shared(gpus: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
     return gpus
 
 
+_NOTES: dict[Hashable, Hashable] = {}
+MAX_SHARED_NOTES = 256  # recent notes kept to share (a gang's pods come together), cleared when full
+
+
+def _shared_note(note: Hashable) -> Hashable:
+    """One object per distinct note among recent ones: the pods of a gang, created and bound in the same
+    second, share theirs (~100 bytes a pod otherwise)."""
+    hit = _NOTES.get(note)
+    if hit is not None:
+        return hit
+    if len(_NOTES) >= MAX_SHARED_NOTES:
+        _NOTES.clear()
+    _NOTES[note] = note
+    return note
+
+
 class PodView:
     """Counts kept from pod changes (`apply`, e.g. a Reflector's on_change); `snapshot()` to read."""
 
-    def __init__(self, read: Reader, on_bound: Callable[[str], None] | None = None) -> None:
+    def __init__(self, read: Reader, on_bound: Callable[[str], None] | None = None, note: Noter | None = None) -> None:
         self._read = read
+        self._note = note  # kept in each GPU pod's entry, for the listeners of the view's changes
         # Told the job of every pod that starts holding its GPUs (bound), on the applying thread, unlocked.
         self._on_bound = on_bound
         self._lock = threading.Lock()
@@ -133,7 +167,7 @@ class PodView:
         """The pod Reflector's transform: a GPU pod's entry is all its cache keeps; None for a pod without
         GPUs (never cached) and for garbage (counted; the Reflector then forgets the key, like a deletion)."""
         try:
-            return entry(obj, self._read)
+            return entry(obj, self._read, self._note)
         except (ValueError, TypeError, AttributeError):
             with self._lock:
                 self.skipped += 1

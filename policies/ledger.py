@@ -20,10 +20,11 @@ how many landed on shared GPUs (a time-sliced / MPS / MIG node, or a shared-GPU 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from policies import classify, comm, placement, topology
 from policies.inventory import Inventory
@@ -105,20 +106,26 @@ def _inference_owner(namespace: str, labels: Mapping[str, Any], owner: tuple[str
     return inference_group(namespace, kind, name)
 
 
-def pod_fact(pod: Any) -> PodFact | None:
-    """The fact of one pod object; None when it asks for no GPU. Raises ValueError on garbage."""
+class Note(NamedTuple):
+    """What the pod view keeps of a GPU pod for the ledger, beside its node and GPUs (`PodEntry.note`): small
+    and hashable, so equal notes (the pods of a gang created and bound in the same second) share one tuple."""
+
+    group: str | None  # the job or inference workload; None: a bare pod, its own one-pod job
+    workload: str  # one of CLASSES
+    created: float | None
+    scheduled: float | None  # when PodScheduled became True; None while not (or not yet bound)
+
+
+def pod_note(pod: Any) -> Note:
+    """The ledger's note of one pod object. Raises ValueError on garbage."""
     if not isinstance(pod, dict):
         raise ValueError("pod is not an object")
     meta, spec, status = pod.get("metadata"), pod.get("spec"), pod.get("status") or {}
     if not isinstance(meta, dict) or not isinstance(spec, dict) or not isinstance(status, dict):
         raise ValueError("pod metadata, spec or status is not an object")
-    ask = pod_ask(pod)
-    units = {r: n for r, n in ask.units().items() if n}
-    if not units:
-        return None
-    namespace, name = meta_str(pod, "namespace"), meta_str(pod, "name")
-    if not name:
+    if not meta_str(pod, "name"):
         raise ValueError("pod has no name")
+    namespace = meta_str(pod, "namespace")
     labels = meta_map(pod, "labels")
     owner = _controller(meta)
     explicit = labels.get("gpu-admission.io/workload")
@@ -131,21 +138,42 @@ def pod_fact(pod: Any) -> PodFact | None:
         group = placement.job_id(namespace, key, labels[key])
     if group is None and owner is not None:
         group = inference_group(namespace, *owner)
-    node = spec.get("nodeName") or ""
-    if not isinstance(node, str):
-        raise ValueError("pod nodeName is not a string")
+    bound = bool(spec.get("nodeName"))
+    return Note(
+        sys.intern(group) if group is not None else None,
+        sys.intern(str(workload)),
+        parse_time(meta.get("creationTimestamp")),
+        _scheduled_at(status) if bound else None,
+    )
+
+
+def fact_of(key: str, gpus: Mapping[str, int], node: str, note: Note) -> PodFact:
+    """The fact of a pod from its view entry: `key` namespace/name, GPU units per resource, node, note."""
+    namespace, _, name = key.rpartition("/")
     return PodFact(
         namespace=namespace,
         name=name,
-        group=group or f"{namespace}/pod={name}",
-        workload=workload,
-        unowned=group is None,
-        gpus=units.get(GPU, 0),
-        shared=any(r != GPU for r in units),
+        group=note.group or f"{namespace}/pod={name}",
+        workload=note.workload,
+        unowned=note.group is None,
+        gpus=gpus.get(GPU, 0),
+        shared=any(r != GPU for r in gpus),
         node=node,
-        created=parse_time(meta.get("creationTimestamp")),
-        scheduled=_scheduled_at(status) if node else None,
+        created=note.created,
+        scheduled=note.scheduled if node else None,
     )
+
+
+def pod_fact(pod: Any) -> PodFact | None:
+    """The fact of one pod object; None when it asks for no GPU. Raises ValueError on garbage."""
+    note = pod_note(pod)
+    units = {r: n for r, n in pod_ask(pod).units().items() if n}
+    if not units:
+        return None
+    node = pod["spec"].get("nodeName") or ""
+    if not isinstance(node, str):
+        raise ValueError("pod nodeName is not a string")
+    return fact_of(f"{meta_str(pod, 'namespace')}/{meta_str(pod, 'name')}", units, node, note)
 
 
 def admitted_group(kind: str, namespace: str, name: str, labels: Mapping[str, Any]) -> str | None:

@@ -8,8 +8,10 @@ import re
 import tracemalloc
 from typing import Any
 
-from cluster.reflector import Change
+from cluster.pods import PodView
+from cluster.reflector import Change, Reflector
 from policies import ledger as L
+from policies.subject import pod_facts
 from tests.test_ledger import T0, pod, stamp, topo
 from webhook import ledger
 from webhook.metrics import Metrics
@@ -35,14 +37,14 @@ def tracker(clock: Clock, **kw: Any) -> tuple[ledger.Tracker, list[L.JobRow], Me
 
 def add(tr: ledger.Tracker, obj: dict[str, Any]) -> None:
     meta = obj["metadata"]
-    tr.apply(Change("ADDED", f"{meta['namespace']}/{meta['name']}", None, ledger.transform(obj)))
+    tr.apply(Change("ADDED", f"{meta['namespace']}/{meta['name']}", None, ledger.entry(obj)))
 
 
 def bind(tr: ledger.Tracker, obj: dict[str, Any], node: str, at: float) -> None:
     bound = {**obj, "spec": {**obj["spec"], "nodeName": node}, "status": {**obj["status"]}}
     bound["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(at)}]
     meta = obj["metadata"]
-    tr.apply(Change("MODIFIED", f"{meta['namespace']}/{meta['name']}", obj, ledger.transform(bound)))
+    tr.apply(Change("MODIFIED", f"{meta['namespace']}/{meta['name']}", obj, ledger.entry(bound)))
 
 
 def delete(tr: ledger.Tracker, obj: dict[str, Any]) -> None:
@@ -202,17 +204,18 @@ def test_ten_thousand_jobs_in_ten_thousand_namespaces_keep_the_label_sets_bounde
     for i in range(10_000):
         ns = f"team-{i}"
         kind = i % 4
-        pods = [pod(f"p-{i}-{k}", ns=ns, labels={"job-name": "j"}) for k in range(2)]
+        pods = [pod(f"p-{i}-{k}", ns=ns, labels={"job-name": "j"}, created=clock.now) for k in range(2)]
         for p in pods:
             add(tr, p)
+        at = clock.now + 1
         if kind == 0:  # one rack
-            bind(tr, pods[0], "a-1", T0 + 1)
-            bind(tr, pods[1], "a-2", T0 + 1)
+            bind(tr, pods[0], "a-1", at)
+            bind(tr, pods[1], "a-2", at)
         elif kind == 1:  # two racks
-            bind(tr, pods[0], "a-1", T0 + 1)
-            bind(tr, pods[1], "b-1", T0 + 1)
+            bind(tr, pods[0], "a-1", at)
+            bind(tr, pods[1], "b-1", at)
         elif kind == 2:  # half
-            bind(tr, pods[0], "a-3", T0 + 1)
+            bind(tr, pods[0], "a-3", at)
         outcomes.append(kind)
         clock.now += 0.01
     clock.now += 31
@@ -239,34 +242,62 @@ def test_ten_thousand_jobs_in_ten_thousand_namespaces_keep_the_label_sets_bounde
     }
 
 
-def test_a_long_stream_keeps_memory_flat() -> None:
-    """30,000 pods in 16,000 jobs (a quarter unowned, some on unknown nodes, some deleted before binding,
-    some garbage): once its bounded memories are full (after the first quarter), the tracker's memory after
-    the last quarter is what it was after the first."""
+def test_a_long_watch_stream_through_the_pod_view_keeps_memory_flat() -> None:
+    """The server's path: watch events through the pod Reflector (its transform is the view's, with the
+    ledger's note), the view and the tracker fed by its changes. 16,000 jobs in 4 quarters (a quarter of them
+    bare pods with no owner, some bound to nodes the inventory does not know, some with a pod deleted before
+    it was bound, unreadable objects); each quarter's pods end when it is over (DELETED, as the API server
+    tells a watch whose field selector they left). Nothing raises; once the bounded memories are full (after
+    the first quarter) the cache, view and tracker hold what they held after the first."""
     clock = Clock()
     tr, finals, m = tracker(clock, window=5, max_groups=1_000, max_pods=2_000, max_done=2_000)
-    final = 0
+    view = PodView(pod_facts, note=L.pod_note)
 
-    def job(i: int) -> None:
+    def changed(change: Change) -> None:
+        view.apply(change)
+        tr.apply(change)
+
+    refl = Reflector(None, "/api/v1/pods", on_change=changed, transform=view.transform,  # type: ignore[arg-type]
+                     key_of=lambda e: e.key, version_of=lambda e: e.version)  # fmt: skip
+    final = 0
+    rv = 0
+
+    def event(kind: str, obj: dict[str, Any]) -> None:
+        nonlocal rv
+        rv += 1
+        obj["metadata"]["resourceVersion"] = str(rv)
+        refl._apply({"type": kind, "object": obj})
+
+    def job(i: int) -> list[dict[str, Any]]:
         ns = f"ns-{i % 97}"
         labels = {} if i % 4 == 3 else {"job-name": f"j{i}"}
         owner = None if i % 4 == 3 else ("Job", f"j{i}")
-        pods = [pod(f"p{i}-{k}", ns=ns, labels=labels, owner=owner) for k in range(2 if labels else 1)]
+        pods = [
+            pod(f"p{i}-{k}", ns=ns, labels=labels, owner=owner, created=clock.now) for k in range(2 if labels else 1)
+        ]
         for p in pods:
-            add(tr, p)
+            event("ADDED", p)
         if i % 5 == 0 and len(pods) > 1:
-            delete(tr, pods[1])
+            event("DELETED", pods.pop())
         if i % 7 == 0:
-            tr.apply(Change("ADDED", f"{ns}/junk{i}", None, {"spec": []}))
-        bind(tr, pods[0], "ghost" if i % 11 == 0 else "a-1", clock.now)
+            event("ADDED", {"metadata": {"name": f"junk{i}", "namespace": ns}, "spec": []})
+        node = "ghost" if i % 11 == 0 else "a-1"
+        bound = {**pods[0], "spec": {**pods[0]["spec"], "nodeName": node}, "status": {"phase": "Running"}}
+        scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(clock.now)}
+        bound["status"]["conditions"] = [scheduled]
+        bound["metadata"] = {**pods[0]["metadata"]}
+        event("MODIFIED", bound)
         clock.now += 0.001
+        return pods
 
     def quarter(start: int) -> int:
         nonlocal final
-        for i in range(start, start + 4_000):
-            job(i)
+        live = [p for i in range(start, start + 4_000) for p in job(i)]
         clock.now += 6
         tr.sweep()
+        for p in live:
+            event("DELETED", p)
+        del live
         final += len(finals)
         finals.clear()
         gc.collect()
@@ -282,6 +313,8 @@ def test_a_long_stream_keeps_memory_flat() -> None:
         tracemalloc.stop()
     assert final == 16_000
     assert last <= first * 1.05 + 64 * 1024, (first, last)
+    assert len(refl) == 0 and view.snapshot().pods == 0 and view.snapshot().used == {}
     assert tr.sizes == {"groups": 0, "pods": 0, "done": 2_000, "admissions": 0}
-    assert tr.counts["skipped"] == len(range(0, 16_000, 7)) and tr.counts["unowned"] == 4_000
+    assert view.snapshot().skipped == len(range(0, 16_000, 7)) and tr.counts["unowned"] == 4_000
+    assert tr.counts["deleted"] == len([i for i in range(0, 16_000, 5) if i % 4 != 3])
     assert m.render().count("gpu_admission_ledger_jobs_total{") <= 51 * 4 * 6

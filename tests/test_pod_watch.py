@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from cluster.pods import PodEntry, PodView
+from policies import ledger as L
 from policies.subject import pod_facts
 from tests.test_kubeclient import KubeTestServer, Recorded, Reply, Stream, api, client_for, event_line, tls_dir  # noqa: F401  (the scripted API server's fixtures)
+from tests.test_ledger import stamp
 from tests.test_node_watch import wait_for
 from tests.test_placement import bound_pod
+from webhook import ledger
 from webhook.state import State
 
 
@@ -91,3 +95,71 @@ def test_transform_counts_garbage_and_skips_pods_without_gpus() -> None:
         (("nvidia.com/gpu", 2),),
         True,
     )
+
+
+def _job_pod(name: str, node: str, rv: str, created: float, scheduled: float | None, job: str | None) -> dict[str, Any]:
+    p = pod(name, node, 8, rv, job=job)
+    p["metadata"]["creationTimestamp"] = stamp(created)
+    if scheduled is not None:
+        p["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(scheduled)}]
+    return p
+
+
+def test_one_pod_watch_feeds_the_view_and_the_ledger_with_entries_only(
+    api: KubeTestServer,  # noqa: F811
+    tls_dir: Path,  # noqa: F811
+) -> None:
+    """With the ledger on, the cache still holds one PodEntry per GPU pod (its note the ledger's few fields, no
+    pod object), the tracker gets its facts from the view's changes, and the pods are listed and watched once."""
+    now = float(int(time.time()))
+    w0 = _job_pod("w0", "h100-1", "5", now - 3, now - 2, "j")
+    w1 = _job_pod("w1", "", "6", now - 3, None, "j")
+    old = _job_pod("old", "h100-2", "7", now - 700, now - 690, "o")  # started before the server: not its job
+    listed = [w0, w1, old, LISTED[2], LISTED[3]]
+    events = [
+        ("MODIFIED", _job_pod("w1", "h100-1", "11", now - 3, now - 2, "j")),  # bound in w0's second
+        ("ADDED", _job_pod("gone", "", "12", now - 1, None, "k")),
+        ("DELETED", _job_pod("gone", "", "13", now - 1, None, "k")),  # deleted mid-way, never bound
+        ("ADDED", _job_pod("bare", "h100-2", "14", now - 1, now, None)),  # no owner, no job label
+    ]
+    api.route(ListedScript(listed, events))
+    state = State()
+    rows: list[L.JobRow] = []
+    state.ledger = ledger.for_state(state, window=600)
+    state.ledger.settle = 0.5  # the list's pods of a job come within it
+    state.ledger.attach(on_final=rows.append)
+    with client_for(api, tls_dir) as client:
+        refl = state.watch_pods(client)
+        try:
+            assert refl.wait_synced(20)
+            wait_for(lambda: len(rows) == 2 and state.ledger.sizes["groups"] == 1)
+            cached = refl.snapshot()
+            assert sorted(cached) == ["ml-research/bare", "ml-research/old", "ml-research/w0", "ml-research/w1"]
+            assert all(isinstance(e, PodEntry) and isinstance(e.note, L.Note) for e in cached.values())
+            assert cached["ml-research/w0"].note is cached["ml-research/w1"].note  # equal notes shared
+            by_group = {r.group: r for r in rows}
+            j = by_group["ml-research/batch.kubernetes.io/job-name=j"]
+            assert (j.outcome, j.pods, j.bound, j.pending_s) == ("one-domain", 2, 2, 1.0)
+            bare = by_group["ml-research/pod=bare"]
+            assert (bare.unowned, bare.bound, bare.pending_s) == (True, 1, 1.0)
+            assert state.ledger.counts["late"] == 1 and state.ledger.counts["deleted"] == 1
+            assert state.ledger.sizes["groups"] == 1  # job k: its only pod deleted before bound, until the window
+            assert state.pods is not None and state.pods.snapshot().used_of("nvidia.com/gpu") == {
+                "h100-1": 16,
+                "h100-2": 16,
+            }
+            pod_requests = [r for r in api.requests if r.path == "/api/v1/pods"]
+            assert [r.query.get("watch") == "true" for r in pod_requests] == [False, True]  # one list, one watch
+        finally:
+            state.stop()
+
+
+class ListedScript(Script):
+    def __init__(self, listed: list[dict[str, Any]], events: list[tuple[str, dict[str, Any]]]) -> None:
+        super().__init__(events)
+        self.listed = listed
+
+    def __call__(self, r: Recorded) -> Reply | Stream | None:
+        if r.path == "/api/v1/pods" and r.query.get("watch") != "true":
+            return Reply(200, {"kind": "PodList", "items": self.listed, "metadata": {"resourceVersion": "10"}})
+        return super().__call__(r)

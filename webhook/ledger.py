@@ -1,8 +1,9 @@
 """The server's post-launch ledger (issue #18): what became of each job it admitted, kept from the pod watch.
 
-Fed by the same Pod list + watch as the pod view (`State.watch_pods(..., ledger=tracker)`), with a transform
-that also keeps what the ledger reads (owner, creation time, the PodScheduled condition). Rows are made by
-the pure `policies/ledger.py`. A job is *final* once every pod is bound, or `window` seconds after its first
+Fed by the pod view's changes (`State.watch_pods`: one Pod list + watch for both): with the ledger on, the
+view's transform also keeps a small note per GPU pod in its entry (`policies.ledger.Note`: job or workload,
+class, creation and PodScheduled times; equal notes shared), so no pod object is kept for the ledger. Rows
+are made by the pure `policies/ledger.py`. A job is *final* once every pod is bound, or `window` seconds after its first
 pod was created (then partly bound or never bound), or when evicted to make room; at that moment it is
 counted in the metrics and, when an audit log is configured, a follow-up record with its outcome is written
 under the uid of its admission (docs/audit.md).
@@ -23,10 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.pods import slim
+from cluster import pods as pods_mod
+from cluster.pods import PodEntry
 from cluster.reflector import Change
 from policies import ledger as L
 from policies.resources import GPU
+from policies.subject import pod_facts
 from webhook.audit import format_time
 
 log = logging.getLogger("gpu-admission.ledger")
@@ -44,25 +47,17 @@ PENDING_BOUNDS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.
 RATIO_BOUNDS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
 
 
-def transform(obj: dict[str, Any]) -> dict[str, Any]:
-    """The pod view's cut-down pod plus what the ledger reads: controller, creation time, PodScheduled."""
-    out = slim(obj)
-    meta, status = obj.get("metadata"), obj.get("status")
-    if out is obj or not isinstance(meta, dict):
-        return out
-    owners = meta.get("ownerReferences")
-    if isinstance(owners, list):
-        out["metadata"]["ownerReferences"] = [
-            {k: o.get(k) for k in ("kind", "name", "controller")} for o in owners if isinstance(o, dict)
-        ][:4]
-    if "creationTimestamp" in meta:
-        out["metadata"]["creationTimestamp"] = meta["creationTimestamp"]
-    conditions = status.get("conditions") if isinstance(status, dict) else None
-    if isinstance(conditions, list):
-        out["status"]["conditions"] = [
-            c for c in conditions if isinstance(c, dict) and c.get("type") == "PodScheduled"
-        ][:1]
-    return out
+def entry(obj: Any) -> PodEntry | None:
+    """A pod's entry as the server's pod view caches it with the ledger on (its transform): the view's fields
+    and the ledger's note. For feeding a tracker without a view (tests)."""
+    return pods_mod.entry(obj, pod_facts, L.pod_note)
+
+
+def _fact(key: str, new: Any) -> L.PodFact | None:
+    """The ledger's fact of a changed pod: its view entry with the ledger's note; None when unreadable."""
+    if not isinstance(new, PodEntry) or not isinstance(new.note, L.Note):
+        return None
+    return L.fact_of(key, dict(new.gpus), new.node, new.note)
 
 
 @dataclass
@@ -145,14 +140,10 @@ class Tracker:
     def apply(self, change: Change) -> None:
         if change.type == "SYNCED":
             return
-        fact: L.PodFact | None = None
-        if change.new is not None:
-            try:
-                fact = L.pod_fact(change.new)
-            except (ValueError, TypeError, AttributeError):
-                with self._lock:
-                    self.counts["skipped"] += 1
+        fact = _fact(change.key, change.new) if change.new is not None else None
         with self._lock:
+            if change.new is not None and fact is None:
+                self.counts["skipped"] += 1
             finals = self._take_admissions()
             if fact is None:
                 self._forget(change.key, deleted=change.new is None)
@@ -233,6 +224,11 @@ class Tracker:
         if old_group is not None and old_group != fact.group:
             self._forget(key, deleted=False)
         st = self._groups.get(fact.group)
+        if st is None and fact.created is not None and fact.created < self._clock() - self.window:
+            # Created longer than a window ago and not tracked: a job already judged (its id since dropped
+            # from the bounded done set) or one that started before this server (its first list): not ours.
+            self.counts["late"] += 1
+            return
         if st is None:
             st = self._new_group(fact)
         if key not in st.pods:

@@ -275,8 +275,6 @@ class State:
             on_change=changed,
         )
         self._reflectors.append(refl.start())
-        if tracker is not None:
-            tracker.start(self._stop)
         return refl
 
     def watch_nodes(self, client: Any, interval: float = NODE_BATCH_INTERVAL) -> Any:
@@ -351,8 +349,13 @@ class State:
         """Keep the pod view current from a Pod list + watch over all namespaces (read-only)."""
         from cluster.reflector import Reflector
 
-        view = PodView(pod_facts, on_bound=self.reservations.bound)
         tracker = self.ledger
+        note: Any = None
+        if tracker is not None:  # the ledger's few fields ride in each GPU pod's entry (no second watch)
+            from policies.ledger import pod_note
+
+            note = pod_note
+        view = PodView(pod_facts, on_bound=self.reservations.bound, note=note)
         on_change: Callable[[Any], None] = view.apply
         if tracker is not None:
 

@@ -70,6 +70,7 @@ class Cluster:
     def pod(self, i: int) -> dict[str, Any]:
         node = clustergen.node(self.gpu_nodes[i % len(self.gpu_nodes)])["metadata"]["name"]
         job = f"train-{i // 8:06d}"
+        bound = CREATED + i // 8 + i % 8 // 3
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -79,6 +80,12 @@ class Cluster:
                 "uid": f"00000000-0000-4000-9000-{i:012d}",
                 "resourceVersion": str(2_000_000 + i),
                 "labels": {"batch.kubernetes.io/job-name": job, "app": "trainer"},
+                # A job's pods are created in the same second, long before the server starts (the ledger
+                # leaves them alone), and bound over up to three seconds (what the ledger's notes keep).
+                "creationTimestamp": _stamp(CREATED + i // 8),
+                "ownerReferences": [
+                    {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": f"job-{i // 8}", "controller": True}
+                ],
             },
             "spec": {
                 "nodeName": node,
@@ -91,8 +98,22 @@ class Cluster:
                     }
                 ],
             },
-            "status": {"phase": "Running", "podIP": f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"},
+            "status": {
+                "phase": "Running",
+                "podIP": f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": _stamp(bound)},
+                    {"type": "Ready", "status": "True", "lastTransitionTime": _stamp(CREATED + i // 8 + 30)},
+                ],
+            },
         }
+
+
+CREATED = 1_764_000_000  # 2025-11-24: the pods' creation times start here
+
+
+def _stamp(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:

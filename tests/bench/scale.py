@@ -314,15 +314,16 @@ def _storm_window(api: FakeApi, srv: ServerProcess, seconds: float) -> dict[str,
     }
 
 
-def run_memory(n: int, pods: int) -> dict[str, Any]:
-    """RSS of a real `serve` watching n heavy Nodes and `pods` GPU pods (the pod view: cluster/pods.py)."""
+def run_memory(n: int, pods: int, *extra: str) -> dict[str, Any]:
+    """RSS of a real `serve` watching n heavy Nodes and `pods` GPU pods (the pod view: cluster/pods.py; the
+    ledger's notes in its entries unless `extra` turns it off: --ledger-window 0)."""
     tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-memory-"))
     api = FakeApi(n, pods=pods)
     srv: ServerProcess | None = None
     try:
         want = inventory_mod.build(clustergen.cluster(n), corpus.policy()).node_count
         started = time.monotonic()
-        srv = ServerProcess(kubeconfig=str(api.kubeconfig(tmp)), nodes=None)
+        srv = ServerProcess(*extra, kubeconfig=str(api.kubeconfig(tmp)), nodes=None)
         _wait_inventory(srv, want, timeout=600)
         synced_s = (time.monotonic() - started) + _wait_readyz(srv, "podView", "gpuPods", pods, timeout=900)
         rss = _settled_rss(srv.proc.pid)
