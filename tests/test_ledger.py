@@ -10,6 +10,7 @@ import pytest
 
 from policies import comm
 from policies import ledger as L
+from policies.resources import pod_ask
 
 RACK = "topology.kubernetes.io/rack"
 ZONE = "topology.kubernetes.io/zone"
@@ -108,6 +109,28 @@ def test_pod_without_gpus_is_none_and_garbage_raises() -> None:
                     "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}):  # fmt: skip
         with pytest.raises(ValueError):
             L.pod_fact(garbage)
+
+
+def test_the_note_keeps_what_the_fact_needs_beside_the_view_entry() -> None:
+    """The server's tracker reads a pod as the pod view's entry (key, GPUs, node) and the ledger's note: the
+    fact is the one made from the whole pod."""
+    shared = pod("s-0", node="a-1", created=T0, scheduled=T0 + 3, resource="nvidia.com/gpu.shared", gpus=2)
+    for p in (pod("train-0", node="a-1", created=T0, scheduled=T0 + 7), pod("lonely", labels={}, owner=None), shared):
+        note = L.pod_note(p)
+        units = {r: n for r, n in pod_ask(p).units().items() if n}
+        key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        assert L.fact_of(key, units, p["spec"]["nodeName"], note) == L.pod_fact(p)
+    assert L.pod_note(pod("train-0", node="a-1", created=T0, scheduled=T0 + 7)) == L.Note(
+        "ml/batch.kubernetes.io/job-name=train", "batch", T0, T0 + 7
+    )
+    assert L.pod_note(pod("lonely", labels={}, owner=None)).group is None
+    f = L.fact_of("ml/s-0", {"nvidia.com/gpu.shared": 2}, "a-1", L.pod_note(shared))
+    assert (f.gpus, f.shared, f.namespace, f.name) == (0, True, "ml", "s-0")
+    unbound = L.fact_of("ml/x", {"nvidia.com/gpu": 1}, "", L.Note("g", "batch", T0, T0 + 1))
+    assert unbound.scheduled is None  # a PodScheduled time counts only for a bound pod
+    for garbage in ({"metadata": {"name": "a"}, "spec": []}, {"metadata": {}, "spec": {}}, {"metadata": []}):
+        with pytest.raises(ValueError):
+            L.pod_note(garbage)
 
 
 def test_admitted_group_matches_the_pods_group() -> None:
