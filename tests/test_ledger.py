@@ -4,12 +4,16 @@ model, the best placement at admission, inference spread, and the summary (polic
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from policies import comm
+from policies import inventory as inventory_mod
 from policies import ledger as L
+from policies.document import default_policy
 from policies.resources import pod_ask
 
 RACK = "topology.kubernetes.io/rack"
@@ -94,6 +98,25 @@ def test_pod_fact_of_a_deployment_replica_names_the_deployment() -> None:
     p = pod("web-7d4-x", labels={"pod-template-hash": "7d4"}, owner=("ReplicaSet", "web-7d4"), gpus=1)
     f = L.pod_fact(p)
     assert f is not None and (f.group, f.workload) == ("ml/Deployment/web", "inference")
+
+
+@pytest.mark.parametrize(
+    ("labels", "owner", "group"),
+    [
+        ({"leaderworkerset.sigs.k8s.io/name": "llm"}, ("StatefulSet", "llm-0"), "ml/LeaderWorkerSet/llm"),
+        ({"leaderworkerset.sigs.k8s.io/name": ""}, ("StatefulSet", "llm-0"), "ml/StatefulSet/llm-0"),
+        ({}, ("StatefulSet", "db"), "ml/StatefulSet/db"),
+        ({"pod-template-hash": "h1"}, ("StatefulSet", "s-h1"), "ml/StatefulSet/s-h1"),  # a hash, not a ReplicaSet
+        ({"pod-template-hash": "h1"}, ("ReplicaSet", "web-h2"), "ml/ReplicaSet/web-h2"),  # not its hash
+        ({"pod-template-hash": ""}, ("ReplicaSet", "web-"), "ml/ReplicaSet/web-"),
+        ({}, ("ReplicaSet", "web-h1"), "ml/ReplicaSet/web-h1"),  # no hash label: the ReplicaSet itself
+        ({"pod-template-hash": "h1"}, ("ReplicaSet", "web-h1"), "ml/Deployment/web"),
+    ],
+)
+def test_an_inference_pod_belongs_to_its_workload(labels: dict[str, str], owner: tuple[str, str], group: str) -> None:
+    p = pod("x-0", labels={"gpu-admission.io/workload": "inference", **labels}, owner=owner, gpus=1)
+    f = L.pod_fact(p)
+    assert f is not None and (f.group, f.workload, f.unowned) == (group, "inference", False)
 
 
 def test_bare_pod_without_owner_is_its_own_unowned_job() -> None:
@@ -315,3 +338,69 @@ def test_summary_success_rate_partial_gpus_and_ratios() -> None:
     assert s.comm_ratio_max == pytest.approx(1.125)
     assert s.comm_ratio_mean == pytest.approx((1 + 1 + 1.125) / 3)
     assert (s.pending_p50_s, s.pending_max_s) == (5.0, 700.0)
+
+
+# -- a whole ledger from dumps (what `gpu-admission placement` reads) ---------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _objects(name: str) -> list[dict[str, Any]]:
+    docs = yaml.safe_load_all((ROOT / "examples" / "placement" / name).read_text())
+    return [o for d in docs if d for o in (d.get("items") or [d])]
+
+
+def test_build_from_the_example_dumps() -> None:
+    """examples/placement/: the same rows `placement` prints (tests/test_placement_cli.py), built in process."""
+    nodes = [o for o in _objects("racks.yaml") if o.get("kind") == "Node"]
+    inv = inventory_mod.build(nodes, default_policy())
+    topo = L.topology_of(inv)
+    assert topo is L.topology_of(inv)  # once per inventory version
+    deny = L.Admission(
+        "uid-d", L.parse_time("2026-12-01T10:02:30Z") or 0.0, "deny", ("training-same-rack",), "training"
+    )
+    admissions = {"research/batch.kubernetes.io/job-name=train-d": deny}
+    pods = _objects("ledger-pods.yaml")
+    ledger = L.build([*pods, "garbage"], topo, admissions, now=L.parse_time("2026-12-01T10:05:00Z") or 0.0)
+    assert ledger.skipped == 1
+    jobs = {r.group.rsplit("=", 1)[-1]: r for r in ledger.jobs}
+    a, b, c, d = (jobs[f"train-{x}"] for x in "abcd")
+    assert (a.outcome, a.pending_s, a.placement, a.best, a.comm_ratio) == ("one-domain", 3.0, "intra-rack",
+                                                                           "intra-rack", 1.0)  # fmt: skip
+    estimate = comm.placement_estimate(comm.DEFAULT_MESSAGE_BYTES, 16, 8)
+    assert (b.outcome, b.placement, b.best) == ("spanning", "cross-rack", "intra-rack")
+    assert b.comm_ratio == pytest.approx(estimate.cross_rack_ratio, rel=1e-12)
+    assert (c.outcome, c.bound, c.pods, c.pending_s, c.best) == ("partly-bound", 1, 2, 180.0, "cross-rack")
+    assert (d.outcome, d.uid, d.rules, d.pending_s, d.pods) == ("denied", "uid-d", ("training-same-rack",), None, 0)
+    assert jobs["notebook"].unowned and jobs["notebook"].outcome == "one-domain"
+    order = [r.group.rsplit("=", 1)[-1] for r in ledger.jobs]  # by first pod's creation (the denied: admission)
+    assert order == ["train-a", "train-b", "train-c", "notebook", "train-d"]
+    [chat] = ledger.inference
+    assert (chat.group, chat.per_node, chat.per_zone, chat.shared) == (
+        "serving/Deployment/chat", (("h100-big-4", 2),), (("zone-1", 2),), 0)  # fmt: skip
+
+
+def test_free_of_counts_whole_gpus_of_unshared_nodes() -> None:
+    t = L.Topology(
+        (("rack", "switch"),),
+        {
+            "a": L.NodeFact({"rack": "r1"}, 8, False),
+            "b": L.NodeFact({"rack": "r1"}, 8, True),  # shared: never in a best placement
+            "c": L.NodeFact({"rack": "r2"}, 0, False),
+            "d": L.NodeFact({"rack": "r2"}, 4, False),
+        },
+    )
+    assert L.free_of(t, {"a": 3, "d": 4, "elsewhere": 8}) == {"a": 5, "d": 0}
+
+
+def test_merge_admission_keeps_the_first_allow_until_a_denial() -> None:
+    allow1 = L.Admission("u1", T0, "allow", ())
+    warn = L.Admission("u2", T0 + 1, "warn", ("r",))
+    deny = L.Admission("u3", T0 + 2, "deny", ("r",))
+    deny2 = L.Admission("u4", T0 + 3, "deny", ("s",))
+    assert L.merge_admission(None, warn) is warn
+    assert L.merge_admission(allow1, warn) is allow1
+    assert L.merge_admission(allow1, deny) is deny
+    assert L.merge_admission(deny, deny2) is deny2
+    assert L.merge_admission(deny, warn) is warn
+    assert L.merge_admission(deny, allow1) is allow1
