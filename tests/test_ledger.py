@@ -128,9 +128,15 @@ def test_pod_without_gpus_is_none_and_garbage_raises() -> None:
     no_gpu = pod("cpu")
     no_gpu["spec"]["containers"][0]["resources"] = {}
     assert L.pod_fact(no_gpu) is None
-    for garbage in ("x", {"metadata": 1, "spec": {}}, {"metadata": {"name": "a"}, "spec": {"nodeName": 3,
-                    "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}):  # fmt: skip
-        with pytest.raises(ValueError):
+    gpu = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    for garbage, message in (
+        ("x", "pod is not an object"),
+        ({"metadata": 1, "spec": {}}, "pod metadata, spec or status is not an object"),
+        ({"metadata": {"name": "a"}, "spec": {}, "status": "x"}, "pod metadata, spec or status is not an object"),
+        ({"metadata": {"namespace": "ml"}, "spec": gpu}, "pod has no name"),
+        ({"metadata": {"name": "a"}, "spec": {"nodeName": 3, **gpu}}, "pod nodeName is not a string"),
+    ):
+        with pytest.raises(ValueError, match=f"^{message}$"):
             L.pod_fact(garbage)
 
 
@@ -356,9 +362,8 @@ def test_build_from_the_example_dumps() -> None:
     inv = inventory_mod.build(nodes, default_policy())
     topo = L.topology_of(inv)
     assert topo is L.topology_of(inv)  # once per inventory version
-    deny = L.Admission(
-        "uid-d", L.parse_time("2026-12-01T10:02:30Z") or 0.0, "deny", ("training-same-rack",), "training"
-    )
+    denied_at = L.parse_time("2026-12-01T10:02:30Z") or 0.0
+    deny = L.Admission("uid-d", denied_at, "deny", ("training-same-rack",), "training")
     admissions = {"research/batch.kubernetes.io/job-name=train-d": deny}
     pods = _objects("ledger-pods.yaml")
     ledger = L.build([*pods, "garbage"], topo, admissions, now=L.parse_time("2026-12-01T10:05:00Z") or 0.0)
@@ -372,7 +377,27 @@ def test_build_from_the_example_dumps() -> None:
     assert b.comm_ratio == pytest.approx(estimate.cross_rack_ratio, rel=1e-12)
     assert (c.outcome, c.bound, c.pods, c.pending_s, c.best) == ("partly-bound", 1, 2, 180.0, "cross-rack")
     assert (d.outcome, d.uid, d.rules, d.pending_s, d.pods) == ("denied", "uid-d", ("training-same-rack",), None, 0)
-    assert jobs["notebook"].unowned and jobs["notebook"].outcome == "one-domain"
+    at = L.parse_time("2026-12-01T10:02:10Z") or 0.0  # the notebook: created 10:02:10, bound a second later
+    rack_zone = ((RACK, 1), (ZONE, 1))
+    assert jobs["notebook"] == L.JobRow(
+        group="alice/pod=notebook", namespace="alice", workload="unclassified", unowned=True, pods=1, bound=1,
+        deleted=0, gpus=1, outcome="one-domain", admitted=None, created=at, first_bound=at + 1, last_bound=at + 1,
+        pending_s=1.0, spans=rack_zone, nodes=(("h100-big-4", 1),), placement="intra-node", actual_ms=0.0,
+        best="intra-node", best_ms=0.0, comm_ratio=1.0, uid=None, rules=())  # fmt: skip
+    assert d == L.JobRow(
+        group="research/batch.kubernetes.io/job-name=train-d", namespace="research", workload="training",
+        unowned=False, pods=0, bound=0, deleted=0, gpus=0, outcome="denied", admitted=denied_at, created=denied_at,
+        first_bound=None, last_bound=None, pending_s=None, spans=(), nodes=(), placement=None, actual_ms=None,
+        best=None, best_ms=None, comm_ratio=None, uid="uid-d", rules=("training-same-rack",))  # fmt: skip
+    assert (a.gpus, a.created, a.first_bound, a.last_bound, a.best_ms, a.actual_ms) == (
+        16, at - 130, at - 128, at - 127, b.best_ms, b.best_ms)  # fmt: skip
+    summary = L.summarize(ledger.jobs, 600.0)
+    assert summary == L.Summary(
+        jobs=5, admitted=4, outcomes=(("one-domain", 2), ("spanning", 1), ("unknown-topology", 0),
+        ("partly-bound", 1), ("never-bound", 0), ("denied", 1)), success_within_s=600.0, succeeded=3,
+        success_rate=0.75, partial_gangs=1, partial_gpus=8, pending_p50_s=3.0, pending_max_s=4.0,
+        comm_ratio_mean=pytest.approx((1.0 + b.comm_ratio + 1.0) / 3), comm_ratio_max=b.comm_ratio, unowned=1,
+        unknown_topology=0)  # fmt: skip
     order = [r.group.rsplit("=", 1)[-1] for r in ledger.jobs]  # by first pod's creation (the denied: admission)
     assert order == ["train-a", "train-b", "train-c", "notebook", "train-d"]
     [chat] = ledger.inference
@@ -404,3 +429,146 @@ def test_merge_admission_keeps_the_first_allow_until_a_denial() -> None:
     assert L.merge_admission(deny, deny2) is deny2
     assert L.merge_admission(deny, warn) is warn
     assert L.merge_admission(deny, allow1) is allow1
+
+
+# -- edges the mutation run found untested ------------------------------------------------------------------
+
+
+def test_parse_time_reads_offsets_and_refuses_non_strings(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert L.parse_time("2026-12-01T12:00:00+02:00") == L.parse_time("2026-12-01T10:00:00Z")
+    for value in (5, None, "", "yesterday", ["2026-12-01T10:00:00Z"]):
+        assert L.parse_time(value) is None
+    import time as time_mod
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # a time without offset is UTC, whatever the machine's zone
+    time_mod.tzset()
+    try:
+        assert L.parse_time("2026-12-01T10:00:00") == L.parse_time("2026-12-01T10:00:00Z")
+    finally:
+        monkeypatch.undo()
+        time_mod.tzset()
+
+
+@pytest.mark.parametrize(
+    "owners",
+    [
+        [{"kind": "", "name": "x", "controller": True}],
+        [{"kind": 5, "name": "x", "controller": True}],
+        [{"kind": "Job", "controller": True}],
+        [{"kind": "Job", "name": "x", "controller": "true"}],
+        ["junk"],
+    ],
+)
+def test_a_pod_without_a_readable_controller_is_unowned(owners: list[Any]) -> None:
+    p = pod("lonely", labels={})
+    p["metadata"]["ownerReferences"] = owners
+    f = L.pod_fact(p)
+    assert f is not None and (f.group, f.unowned) == ("ml/pod=lonely", True)
+
+
+def test_a_pod_without_job_label_belongs_to_its_controller_and_a_workload_label_wins() -> None:
+    p = pod("x-1", labels={}, owner=("Job", "nightly"))
+    p["metadata"]["ownerReferences"].insert(0, "junk")
+    f = L.pod_fact(p)
+    assert f is not None and (f.group, f.unowned) == ("ml/Job/nightly", False)
+    rs = {"pod-template-hash": "h1"}
+    f = L.pod_fact(pod("web-h1-a", labels={"gpu-admission.io/workload": "batch", **rs}, owner=("ReplicaSet", "web-h1")))
+    assert f is not None and (f.workload, f.group) == ("batch", "ml/ReplicaSet/web-h1")
+    f = L.pod_fact(pod("web-h1-a", labels={"gpu-admission.io/workload": "bogus", **rs}, owner=("ReplicaSet", "web-h1")))
+    assert f is not None and (f.workload, f.group) == ("inference", "ml/Deployment/web")
+
+
+def test_the_scheduled_time_is_the_pod_scheduled_condition_of_a_bound_pod() -> None:
+    p = pod("a", node="a-1", created=T0, scheduled=T0 + 5)
+    p["status"]["conditions"] = [
+        "junk",
+        {"type": "Ready", "status": "True", "lastTransitionTime": stamp(T0 + 60)},
+        {"type": "PodScheduled", "status": "False", "lastTransitionTime": stamp(T0 + 1)},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(T0 + 5)},
+    ]
+    assert L.pod_note(p).scheduled == T0 + 5
+    p["spec"]["nodeName"] = ""
+    assert L.pod_note(p).scheduled is None  # not bound: no PodScheduled time kept
+
+
+def test_admitted_group_of_an_object_without_name_is_none() -> None:
+    assert L.admitted_group("Deployment", "ml", "", {}) is None
+    assert L.admitted_group("Job", "ml", "", {}) is None
+    assert L.admitted_group("Job", "ml", "t", {}) == "ml/batch.kubernetes.io/job-name=t"
+
+
+def _fact(node: str, gpus: int = 8, created: float | None = T0, scheduled: float | None = T0, **kw: Any) -> L.PodFact:
+    base = dict(namespace="ml", name=f"p-{node}-{gpus}", group="ml/job", workload="training", unowned=False,
+                gpus=gpus, shared=False, node=node, created=created, scheduled=scheduled if node else None)  # fmt: skip
+    return L.PodFact(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_job_row_edges() -> None:
+    t = topo({"r1": 2, "r2": 1})
+    admission = L.Admission("u", T0 - 9, "allow", ())
+    row = L.job_row("ml/job", [_fact("r1-1", created=None)], t, now=T0 + 100, admission=admission)
+    assert (row.created, row.admitted, row.pending_s) == (T0 - 9, T0 - 9, 9.0)  # no creation time: the admission's
+    row = L.job_row("ml/job", [_fact("r1-1", created=T0 + 1)], t, now=T0 + 100, admission=admission)
+    assert (row.created, row.pending_s) == (T0 + 1, 0.0)  # bound "before" it was created (clock skew): 0
+    row = L.job_row("ml/job", [_fact("ghost")], t, now=T0)  # one node the inventory does not know
+    one_node = comm.spread_ms(comm.DEFAULT_MESSAGE_BYTES, (8,), False, comm.DEFAULT_BANDWIDTHS)
+    assert (row.outcome, row.placement, row.actual_ms) == ("one-domain", "intra-node", one_node)
+    mig = L.job_row("ml/job", [_fact("r1-1", gpus=0, shared=True), _fact("r1-2", gpus=0, shared=True)], t, now=T0)
+    assert (mig.outcome, mig.placement, mig.actual_ms, mig.gpus) == ("one-domain", None, None, 0)
+    slow = L.Comm(bandwidths=comm.Bandwidths(network_gbps=25.0))
+    two = [_fact("r1-1"), _fact("r1-2", gpus=4)]
+    row = L.job_row("ml/job", two, t, now=T0, model=slow)
+    assert row.actual_ms == comm.spread_ms(slow.size_bytes, (8, 4), False, slow.bandwidths)
+    assert row.actual_ms != L.job_row("ml/job", two, t, now=T0).actual_ms
+    assert (row.nodes, row.gpus, row.placement) == ((("r1-1", 8), ("r1-2", 4)), 12, "intra-rack")
+    free = L.Best("intra-node", (8,), 0.0)
+    assert L.job_row("ml/job", [_fact("r1-1")], t, now=T0, best=free).comm_ratio == 1.0  # 0 ms against 0 ms
+    empty = L.job_row("ml/pod=x", (), t, now=T0)
+    assert (empty.namespace, empty.workload, empty.unowned, empty.outcome) == ("ml", "unclassified", False,
+                                                                              "never-bound")  # fmt: skip
+    denied = L.job_row("ml/job", (), t, now=T0, admission=L.Admission("u", T0, "deny", (), "batch"))
+    assert (denied.workload, denied.outcome) == ("batch", "denied")
+    lonely = L.job_row("ml/pod=x", [_fact("r1-1", unowned=True, workload="batch", namespace="ml")], t, now=T0)
+    assert (lonely.unowned, lonely.workload, lonely.deleted) == (True, "batch", 0)
+
+
+def test_inference_row_edges() -> None:
+    t = topo({"r1": 2}, shared=frozenset({"r1-2"}))
+    pods = [_fact("", gpus=1), _fact("r1-1", gpus=1), _fact("r1-2", gpus=1), _fact("r1-1", gpus=0, shared=True)]
+    row = L.inference_row("ml/Deployment/web", pods, t)
+    assert (row.replicas, row.bound, row.per_node, row.shared) == (4, 3, (("r1-1", 2), ("r1-2", 1)), 2)
+    none = L.inference_row("team-a/Deployment/web", [], t)
+    assert (none.group, none.namespace, none.replicas) == ("team-a/Deployment/web", "team-a", 0)
+
+
+def test_quantile_succeeded_and_summary_edges() -> None:
+    assert L._quantile([2.0, 1.0], 0.5) == 1.0
+    assert L._quantile([3.0, 1.0, 2.0], 1.0) == 3.0
+    assert L._quantile([], 0.5) is None
+    t = topo({"r1": 2})
+    row = L.job_row("ml/job", [_fact("r1-1", created=T0, scheduled=T0 + 60)], t, now=T0)
+    assert L.succeeded(row, 60.0) and not L.succeeded(row, 59.0)
+    s = L.summarize([], 60.0)
+    assert (s.jobs, s.success_rate, s.pending_max_s, s.comm_ratio_mean, s.comm_ratio_max) == (0, None, None, None,
+                                                                                               None)  # fmt: skip
+    lonely = L.job_row("ml/pod=x", [_fact("r1-1", unowned=True)], t, now=T0)
+    s = L.summarize([row, lonely], 60.0)
+    assert (s.success_within_s, s.unowned, s.unknown_topology, s.succeeded) == (60.0, 1, 0, 2)
+
+
+def test_free_profile_caps() -> None:
+    """Per rack the 32 roomiest nodes, 64 distinct racks, 64 roomiest nodes overall (the defaults)."""
+    nodes: dict[str, L.NodeFact] = {}
+    free: dict[str, int] = {}
+    for r in range(70):  # 70 racks of distinct free counts: 64 kept
+        for i in range(40 if r < 3 else 1):
+            name = f"r{r}-{i}"
+            nodes[name] = L.NodeFact({RACK: f"r{r}"}, 1000, False)
+            free[name] = 900 - r if r < 3 else 100 + r
+    t = L.Topology(((RACK, "switch"),), nodes)
+    kept = L.free_profile(free, t)
+    by_rack: dict[str, int] = {}
+    for name in kept:
+        by_rack[name.split("-")[0]] = by_rack.get(name.split("-")[0], 0) + 1
+    assert (by_rack["r0"], by_rack["r1"], by_rack["r2"]) == (40, 32, 32)  # r0: its 32 and 8 more of the 64 overall
+    assert len(by_rack) == 64 and len(kept) == 40 + 32 + 32 + 61
