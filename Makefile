@@ -4,13 +4,18 @@
 PYTHON ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: setup controlplane helm image lint test test-fast demo bench soak kind-e2e mutmut
+.PHONY: setup controlplane controlplane-oldest helm image lint test test-fast demo bench soak kind-e2e mutmut
 
 setup:
 	$(PYTHON) -m pip install -q -e '.[test]'
 
 controlplane:
 	bash scripts/controlplane/build.sh
+
+# The oldest Kubernetes the product supports (docs/controlplane.md, "Versions"): built and smoke-tested too.
+OLDEST = K8S_VERSION=v1.33.13 ETCD_VERSION=v3.5.35
+controlplane-oldest:
+	$(OLDEST) bash scripts/controlplane/build.sh
 
 # helm built from Go modules (cached), for the chart tests.
 helm:
@@ -25,8 +30,9 @@ lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
 
-test: setup controlplane helm image lint
+test: setup controlplane controlplane-oldest helm image lint
 	$(PYTHON) -m pytest -q
+	$(OLDEST) $(PYTHON) -m pytest -q -m e2e tests/e2e/test_oldest_smoke.py
 
 test-fast: setup helm
 	$(PYTHON) -m pytest -q -m 'not e2e'

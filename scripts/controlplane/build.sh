@@ -17,11 +17,14 @@
 # go.mod (as served by the module proxy), never hard-coded.
 set -euo pipefail
 
-# Pinned versions. Kubernetes: newest v1.33.x served by the proxy, so that the preinstalled kubectl
-# (v1.32 / v1.33 clients) stays within the supported version skew. etcd: newest v3.5.x patch (the
-# etcd minor Kubernetes 1.33 is tested against; its go.mod requires go.etcd.io/etcd/* v3.5.21).
-K8S_VERSION="${K8S_VERSION:-v1.33.13}"
-ETCD_VERSION="${ETCD_VERSION:-v3.5.35}"
+# Pinned versions. Kubernetes: v1.37.2, the newest release the Go proxy serves (DRA GA with extended
+# resources through DeviceClasses, the Workload / PodGroup API in scheduling.k8s.io/v1beta1). etcd: v3.7.3,
+# the newest patch of the minor 1.37 is built against (its go.mod requires go.etcd.io/etcd/* v3.7.0;
+# kubeadm's DefaultEtcdVersion is 3.7.0-0). The oldest supported release, v1.33.13 with etcd v3.5.35, is
+# built with K8S_VERSION=v1.33.13 ETCD_VERSION=v3.5.35 (make test runs a smoke e2e on it; see
+# docs/controlplane.md).
+K8S_VERSION="${K8S_VERSION:-v1.37.2}"
+ETCD_VERSION="${ETCD_VERSION:-v3.7.3}"
 
 CACHE_ROOT="${GPU_ADMISSION_CACHE:-$HOME/.cache/gpu-admission}"
 KEY_DIR="$CACHE_ROOT/controlplane/${K8S_VERSION}-etcd-${ETCD_VERSION}"
