@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)
-# from Go modules, for the end-to-end tests in tests/e2e/.
+# and the kubectl of the same release from Go modules, for the end-to-end tests in tests/e2e/.
 #
 # Usage: scripts/controlplane/build.sh            # build once, then reuse the cache
 #        scripts/controlplane/build.sh --force    # rebuild even when cached
@@ -30,17 +30,21 @@ CACHE_ROOT="${GPU_ADMISSION_CACHE:-$HOME/.cache/gpu-admission}"
 KEY_DIR="$CACHE_ROOT/controlplane/${K8S_VERSION}-etcd-${ETCD_VERSION}"
 BIN_DIR="$KEY_DIR/bin"
 STAMP="$BIN_DIR/.complete"
-BINARIES=(etcd kube-apiserver kube-scheduler kube-controller-manager)
+SERVER_BINARIES=(etcd kube-apiserver kube-scheduler kube-controller-manager)
+# kubectl of the same release: the preinstalled clients stop at 1.33, and kubectl supports one minor of skew.
+# Caches made before kubectl was built here hold only the server binaries: kubectl is then added alone.
+BINARIES=("${SERVER_BINARIES[@]}" kubectl)
 
 LOG_NAME=build.sh
 PRODUCT="$BIN_DIR"
 source "$(dirname "$0")/../lib/cache.sh"
 
-cached() {
+all_built() {
     [[ -f "$STAMP" ]] || return 1
     local b
-    for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
+    for b in "$@"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
 }
+cached() { all_built "${BINARIES[@]}"; }
 
 cache_args 12 "$@"
 
@@ -104,11 +108,28 @@ k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
 k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$K8S_MINOR"
 
 mkdir -p "$STAGE"
-log "compiling kube-apiserver, kube-scheduler, kube-controller-manager (several minutes on a cold cache)"
+check_kubectl() {
+    local got
+    got="$("$1" version --client -o json 2>&1 | sed -n 's/^[[:space:]]*"gitVersion": "\(.*\)",\{0,1\}$/\1/p' | head -1)"
+    [[ $got == "$K8S_VERSION" ]] || die "$1 version --client says '$got', expected $K8S_VERSION"
+}
+if [[ $FORCE == 0 ]] && all_built "${SERVER_BINARIES[@]}"; then
+    log "the server binaries are cached; compiling kubectl $K8S_VERSION alone"
+    CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "$k8s_ldflags" -o "$STAGE/" k8s.io/kubernetes/cmd/kubectl \
+        || die "go build of kubectl $K8S_VERSION failed"
+    check_kubectl "$STAGE/kubectl"
+    mv "$STAGE/kubectl" "$BIN_DIR/kubectl"
+    echo "kubectl_seconds=$(( $(date +%s) - start ))" >>"$STAMP"
+    log "kubectl added in $(( $(date +%s) - start ))s"
+    echo "$BIN_DIR"
+    exit 0
+fi
+log "compiling kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (several minutes on a cold cache)"
 CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "$k8s_ldflags" -o "$STAGE/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kubectl \
     || die "go build of the Kubernetes $K8S_VERSION components failed"
 
 # ---- etcd -------------------------------------------------------------------------------------------------
@@ -135,6 +156,7 @@ got="$("$STAGE/kube-apiserver" --version 2>&1 || true)"
 [[ $got == "Kubernetes $K8S_VERSION" ]] || die "kube-apiserver --version says '$got', expected 'Kubernetes $K8S_VERSION'"
 got="$("$STAGE/etcd" --version 2>&1 | head -1 || true)"
 [[ $got == "etcd Version: ${ETCD_VERSION#v}" ]] || die "etcd --version says '$got', expected etcd ${ETCD_VERSION#v}"
+check_kubectl "$STAGE/kubectl"
 
 elapsed=$(( $(date +%s) - start ))
 cat >"$STAGE/.complete" <<EOF

@@ -183,29 +183,52 @@ def binary_minor(path: Path) -> int:
     return int(m.group(1))
 
 
-def find_kubectl(server_minor: int | None = None) -> str:
-    """The kubectl to use: ``$GPU_ADMISSION_KUBECTL``, else the versioned client beside the kubectl on PATH (the
-    Google Cloud SDK ships ``kubectl.1.27`` … ``kubectl.1.33`` there) closest to the server minor without being
-    newer, else ``kubectl``. For a v1.37 server that is kubectl 1.33: four minors apart, outside kubectl's
-    supported skew of one, which the tests live with because they use only generic verbs (apply, create, get,
-    delete, label, patch, get --raw) that resolve kinds through discovery (docs/controlplane.md)."""
+#: kubectl's supported version skew: one minor older or newer than the API server.
+KUBECTL_SKEW = 1
+
+
+def kubectl_minor(path: str) -> int | None:
+    """The minor version of a kubectl client (`version --client -o json`), None when it does not say."""
+    try:
+        out = subprocess.run(
+            [path, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+        minor = json.loads(out)["clientVersion"]["minor"]
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+        return None
+    digits = re.match(r"\d+", str(minor))
+    return int(digits.group()) if digits else None
+
+
+def find_kubectl(server_minor: int | None = None, bin_dir: Path | None = None) -> str:
+    """The kubectl to use: ``$GPU_ADMISSION_KUBECTL``; else the one build.sh builds beside the server binaries
+    (same release); else a versioned client (``kubectl.1.<minor>``, the Google Cloud SDK ships them beside its
+    ``kubectl``) or the plain ``kubectl`` within kubectl's supported skew of one minor. Anything further apart
+    is refused rather than used (docs/controlplane.md)."""
     env = os.environ.get("GPU_ADMISSION_KUBECTL")
     if env:
         return env
+    if bin_dir is not None and os.access(bin_dir / "kubectl", os.X_OK):
+        return str(bin_dir / "kubectl")
     if server_minor is None:
         server_minor = int(pinned_versions()["kubernetes"].split(".")[1])
     plain = shutil.which("kubectl")
     dirs = [Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p]
     if plain:
         dirs += [Path(plain).parent, Path(plain).resolve().parent]
-    for minor in range(server_minor, server_minor - 8, -1):
+    for minor in (server_minor, server_minor - KUBECTL_SKEW, server_minor + KUBECTL_SKEW):
         for d in dirs:
             c = d / f"kubectl.1.{minor}"
             if os.access(c, os.X_OK):
                 return str(c)
     if plain:
-        return plain
-    raise ControlPlaneError("kubectl not found on PATH (set GPU_ADMISSION_KUBECTL to its path)")
+        got = kubectl_minor(plain)
+        if got is not None and abs(got - server_minor) <= KUBECTL_SKEW:
+            return plain
+    raise ControlPlaneError(
+        f"no kubectl within one minor of the v1.{server_minor} server (run {BUILD_SCRIPT.relative_to(REPO_ROOT)}, "
+        "which builds the release's kubectl, or set GPU_ADMISSION_KUBECTL to one)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -501,7 +524,7 @@ class ControlPlane:
                     f"{self.bin_dir / b} is missing or not executable (run {BUILD_SCRIPT.relative_to(REPO_ROOT)})"
                 )
         self.minor = binary_minor(self.bin_dir / "kube-apiserver")
-        self.kubectl_path = kubectl or find_kubectl(self.minor)
+        self.kubectl_path = kubectl or find_kubectl(self.minor, self.bin_dir)
         self._workdir_arg = Path(workdir) if workdir else None
         extra = [c for since, names in sorted(CONTROLLERS_SINCE.items()) if self.minor >= since for c in names]
         self.controllers = tuple(dict.fromkeys([*controllers, *extra]))
