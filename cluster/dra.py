@@ -54,6 +54,37 @@ def slim_spec(obj: Any) -> JSON | None:
     return {"kind": obj.get("kind"), "metadata": _meta(obj), "spec": obj.get("spec")}
 
 
+# Set on the claim the scheduler makes for a pod's DRA extended resources (kept: policies/dra.py skips it).
+EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+
+
+def slim_claim(obj: Any) -> JSON | None:
+    """A ResourceClaim cut to metadata, spec and where its devices were allocated: each result's request (the
+    pool, device and driver names are not read) and the allocation's node selector."""
+    slim = slim_spec(obj)
+    if slim is None:
+        return None
+    notes = _mapping(_mapping(obj.get("metadata")).get("annotations"))
+    if EXTENDED_CLAIM_ANNOTATION in notes:
+        slim["metadata"]["annotations"] = {EXTENDED_CLAIM_ANNOTATION: notes[EXTENDED_CLAIM_ANNOTATION]}
+    allocation = _mapping(_mapping(obj.get("status")).get("allocation"))
+    if allocation:
+        results = _mapping(allocation.get("devices")).get("results")
+        slim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": r.get("request")}
+                        for r in (results if isinstance(results, list) else [])
+                        if isinstance(r, dict)
+                    ]
+                },
+                "nodeSelector": allocation.get("nodeSelector"),
+            }
+        }
+    return slim
+
+
 def slim_slice(obj: Any) -> JSON | None:
     """A ResourceSlice cut to its driver, node and the devices' read attributes."""
     if not isinstance(obj, dict) or not isinstance(obj.get("spec"), dict):

@@ -14,6 +14,11 @@ watch or pod objects of its own: the view's optional `note` reader adds a small 
 pod's entry (`PodEntry.note`), equal notes of recent pods shared, and the listener reads it from the view's
 changes.
 
+GPUs a pod gets through ResourceClaims (DRA) are not in the pod: they are the devices allocated in the claim's
+status. `apply_claim` counts them from a ResourceClaim list + watch, per claim on the node its allocation is
+on (a claim shared by several pods holds its devices once); a pod with claims is kept even when it asks no
+device-plugin GPU, so its job's bound pods are known.
+
 Readers get an immutable `PodSnapshot`, built at most once per change of the view (on the first read after
 it), so a review never walks the pods. What a pod's GPUs and job are is the caller's to say (`read`): this
 layer knows no GPU resource names or job labels (those are policies/'s). A pod `read` cannot make sense
@@ -55,6 +60,9 @@ Reader = Callable[[Mapping[str, Any]], tuple[Mapping[str, int], str | None]]
 # (GPU pod object) -> a small hashable value another reader of the pod watch needs (webhook/ledger.py); raises
 # ValueError/TypeError on garbage (the entry then has no note: the view itself still counts the pod).
 Noter = Callable[[Mapping[str, Any]], Hashable]
+# (ResourceClaim object) -> (node its devices are on, "" when not allocated to one node; GPU units per
+# resource); raises ValueError/TypeError on garbage.
+ClaimReader = Callable[[Mapping[str, Any]], tuple[str, Mapping[str, int]]]
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,9 @@ class PodSnapshot:
     synced: bool
     used: Mapping[str, Mapping[str, int]]  # node -> resource -> units held
     jobs: Mapping[str, Mapping[str, int]]  # job -> node -> pods of the job bound there (holding)
-    pods: int  # GPU pods known
+    pods: int  # GPU pods known (and pods with ResourceClaims)
     skipped: int  # pod objects `read` could not make sense of, since start
+    claims: int = 0  # ResourceClaims holding GPUs on a node
     _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def used_of(self, resource: str) -> Mapping[str, int]:
@@ -88,8 +97,8 @@ def entry(obj: Any, read: Reader, note: Noter | None = None) -> PodEntry | None:
         raise ValueError("pod spec or status is not an object")
     units, job = read(obj)
     gpus = _shared(tuple(sorted((r, int(n)) for r, n in units.items() if n)))
-    if not gpus:
-        return None
+    if not gpus and not spec.get("resourceClaims"):
+        return None  # a pod with claims is kept: its GPUs are counted from the claims, its job from it
     node = spec.get("nodeName") or ""
     phase = status.get("phase") or ""
     if not isinstance(node, str) or not isinstance(phase, str):
@@ -144,12 +153,33 @@ def _shared_note(note: Hashable) -> Hashable:
     return note
 
 
-class PodView:
-    """Counts kept from pod changes (`apply`, e.g. a Reflector's on_change); `snapshot()` to read."""
+def claim_entry(obj: Any, read: ClaimReader) -> PodEntry | None:
+    """What an allocated ResourceClaim holds, as an entry of no job (None: no GPU on a node). Raises
+    ValueError on garbage (TypeError and AttributeError from `read` too)."""
+    if not isinstance(obj, dict):
+        raise ValueError("claim is not an object")
+    node, units = read(obj)
+    gpus = _shared(tuple(sorted((r, int(n)) for r, n in units.items() if n)))
+    if not node or not gpus:
+        return None
+    return PodEntry(sys.intern(node), gpus, None, "", object_key(obj))
 
-    def __init__(self, read: Reader, on_bound: Callable[[str], None] | None = None, note: Noter | None = None) -> None:
+
+class PodView:
+    """Counts kept from pod changes (`apply`, e.g. a Reflector's on_change) and ResourceClaim changes
+    (`apply_claim`, with `read_claim`); `snapshot()` to read."""
+
+    def __init__(
+        self,
+        read: Reader,
+        on_bound: Callable[[str], None] | None = None,
+        note: Noter | None = None,
+        read_claim: ClaimReader | None = None,
+    ) -> None:
         self._read = read
         self._note = note  # kept in each GPU pod's entry, for the listeners of the view's changes
+        self._read_claim = read_claim
+        self._claims: dict[str, PodEntry] = {}
         # Told the job of every pod that starts holding its GPUs (bound), on the applying thread, unlocked.
         self._on_bound = on_bound
         self._lock = threading.Lock()
@@ -186,18 +216,38 @@ class PodView:
             new = change.new
         elif change.new is not None:
             new = self.transform(change.new)  # garbage: forget what we knew of this key, like a deletion
-        with self._lock:
-            old = self._entries.pop(change.key, None)
-            if old is not None:
-                self._count(old, -1)
-            if new is not None:
-                self._entries[change.key] = new
-                self._count(new, +1)
-            if old is not None or new is not None:
-                self._version += 1
+        old = self._replace(self._entries, change.key, new)
         started = new is not None and new.job and new.holding and (old is None or not old.holding)
         if self._on_bound is not None and started and new is not None and new.job:
             self._on_bound(new.job)
+
+    def apply_claim(self, change: Change) -> None:
+        """One change of a ResourceClaim: the devices of its allocation are held on its node (garbage and
+        claims without a GPU on a node hold nothing)."""
+        if change.type == "SYNCED" or self._read_claim is None:
+            return
+        new: PodEntry | None = None
+        if change.new is not None:
+            try:
+                new = claim_entry(change.new, self._read_claim)
+            except (ValueError, TypeError, AttributeError):
+                with self._lock:
+                    self.skipped += 1
+                    self._version += 1
+        self._replace(self._claims, change.key, new)
+
+    def _replace(self, table: dict[str, PodEntry], key: str, new: PodEntry | None) -> PodEntry | None:
+        """Swap the entry of `key` in `table` (pods or claims) and its counts; the old entry."""
+        with self._lock:
+            old = table.pop(key, None)
+            if old is not None:
+                self._count(old, -1)
+            if new is not None:
+                table[key] = new
+                self._count(new, +1)
+            if old is not None or new is not None:
+                self._version += 1
+        return old
 
     def load(self, objects: Mapping[str, Any]) -> None:
         """A whole set of pods at once (a file): key -> pod object. Marks the view synced."""
@@ -245,6 +295,7 @@ class PodView:
                 jobs=MappingProxyType({j: MappingProxyType(dict(n)) for j, n in self._jobs.items()}),
                 pods=len(self._entries),
                 skipped=self.skipped,
+                claims=len(self._claims),
             )
         self._snap = snap
         return snap

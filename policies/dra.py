@@ -381,6 +381,77 @@ def extended_ask(resource: str, classes: Classes) -> tuple[str | None, str]:
     return _resource(cls, "", ""), ""
 
 
+# --- Allocated claims: the GPUs a pod holds through DRA ----------------------------------------------
+
+# Set by the scheduler on the claim it makes for a pod's DRA extended resources (k8s.io/api resource/v1
+# ExtendedResourceClaimAnnotation): those devices are counted from the pod's limits, not again from the claim.
+EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+
+
+def claim_held(claim: Json, classes: Classes) -> tuple[str, dict[str, int]]:
+    """The node an allocated claim's devices are on ("" when it is not allocated, or not to one node) and the
+    GPU units they amount to: one per allocated device, as the resource its request's class reads as."""
+    meta = claim.get("metadata")
+    notes = meta.get("annotations") if isinstance(meta, dict) else None
+    if isinstance(notes, dict) and notes.get(EXTENDED_CLAIM_ANNOTATION) == "true":
+        return "", {}
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, dict) else None
+    if not isinstance(allocation, dict):
+        return "", {}
+    node = _allocated_node(allocation.get("nodeSelector"))
+    devices = allocation.get("devices")
+    results = devices.get("results") if isinstance(devices, dict) else None
+    spec = claim.get("spec")
+    claim_devices = spec.get("devices") if isinstance(spec, dict) else None
+    claim_devices = claim_devices if isinstance(claim_devices, dict) else {}
+    bodies = _request_bodies(claim_devices.get("requests"))
+    sharing = _sharing(claim_devices.get("config"))
+    units: dict[str, int] = {}
+    for r in results[: MAX_REQUESTS * 128] if isinstance(results, list) else []:
+        request = r.get("request") if isinstance(r, dict) else None
+        body = bodies.get(request) if isinstance(request, str) else None
+        cls_name = body.get("deviceClassName") if body is not None else None
+        cls = classes.get(cls_name) if isinstance(cls_name, str) else None
+        if cls is None or not isinstance(request, str):
+            continue
+        strategy = sharing.get(request) or sharing.get(request.split("/")[0]) or sharing.get("", "")
+        resource = _resource(cls, " && ".join(_selector_text(body.get("selectors") if body else None)), strategy)
+        if resource:
+            units[resource] = units.get(resource, 0) + 1
+    return node, units
+
+
+def _request_bodies(requests: Any) -> dict[str, Json]:
+    """Request name ("name", or "name/sub" for a firstAvailable subrequest) -> its exactly / subrequest body, as
+    allocation results name them."""
+    out: dict[str, Json] = {}
+    for req in requests[:MAX_REQUESTS] if isinstance(requests, list) else []:
+        if not isinstance(req, dict) or not isinstance(name := req.get("name"), str):
+            continue
+        if isinstance(exact := req.get("exactly"), dict):
+            out[name] = exact
+        subs = req.get("firstAvailable")
+        for sub in subs[:MAX_REQUESTS] if isinstance(subs, list) else []:
+            if isinstance(sub, dict) and isinstance(sub.get("name"), str):
+                out[f"{name}/{sub['name']}"] = sub
+    return out
+
+
+def _allocated_node(selector: Any) -> str:
+    """The node a node-local allocation is on: the scheduler's nodeSelector names it by metadata.name."""
+    terms = selector.get("nodeSelectorTerms") if isinstance(selector, dict) else None
+    for term in terms if isinstance(terms, list) else []:
+        fields = term.get("matchFields") if isinstance(term, dict) else None
+        for f in fields if isinstance(fields, list) else []:
+            if not isinstance(f, dict) or f.get("key") != "metadata.name" or f.get("operator") != "In":
+                continue
+            values = f.get("values")
+            if isinstance(values, list) and len(values) == 1 and isinstance(values[0], str):
+                return values[0]
+    return ""
+
+
 # --- ResourceSlices: the devices of each node --------------------------------------------------------
 
 

@@ -341,12 +341,12 @@ def run(args: argparse.Namespace) -> int:
             state.watch_nodes(client)
         state.watch_namespaces(client)
         state.watch_targets(client)
-        state.watch_dra(client, slices=not args.nodes)
         if args.ledger_window > 0:
             from webhook import ledger as ledger_mod
 
             state.ledger = ledger_mod.for_state(state, args.ledger_window)
-        state.watch_pods(client)
+        state.watch_pods(client)  # before watch_dra: the claims it watches are counted into the pod view
+        state.watch_dra(client, slices=not args.nodes)
         state.watch_exceptions(client)
     elif cm:
         raise UsageError("--policy-configmap needs a cluster (drop --no-kube)")

@@ -355,7 +355,7 @@ class State:
             from policies.ledger import pod_note
 
             note = pod_note
-        view = PodView(pod_facts, on_bound=self.reservations.bound, note=note)
+        view = PodView(pod_facts, on_bound=self.reservations.bound, note=note, read_claim=self._claim_held)
         on_change: Callable[[Any], None] = view.apply
         if tracker is not None:
 
@@ -379,6 +379,12 @@ class State:
         if tracker is not None:
             tracker.start(self._stop)
         return refl
+
+    def _claim_held(self, claim: Mapping[str, Any]) -> tuple[str, dict[str, int]]:
+        """The pod view's claim reader: read with the DeviceClasses known now (a class edited later does not
+        recount claims already allocated; classes change rarely and allocations turn over)."""
+        classes = self._classes if self._classes is not None else dra.Classes()
+        return dra.claim_held(dict(claim), classes)
 
     def watch_targets(self, client: Any) -> None:
         from cluster.reflector import Reflector
@@ -477,8 +483,23 @@ class State:
                 transform=slim_slice,
             )
             self._reflectors.append(refl.start())
+
+        def claims_changed(change: Change) -> None:
+            view = self.pods
+            if view is not None:  # watch_pods runs first (cmd_serve): every claim change reaches the view
+                view.apply_claim(change)
+
+        self._targets["ResourceClaim"] = Reflector(
+            client,
+            DRA_PATHS["ResourceClaim"],
+            name="resourceclaims",
+            on_change=claims_changed,
+            transform=cluster_dra.slim_claim,
+        )
+        self._targets["ResourceClaimTemplate"] = Reflector(
+            client, DRA_PATHS["ResourceClaimTemplate"], name="resourceclaimtemplates", transform=slim_spec
+        )
         for kind in ("ResourceClaim", "ResourceClaimTemplate"):
-            self._targets[kind] = Reflector(client, DRA_PATHS[kind], name=kind.lower() + "s", transform=slim_spec)
             self._reflectors.append(self._targets[kind].start())
         return True
 
@@ -525,6 +546,7 @@ class State:
             return {"source": "none", "synced": False, "note": "no pod view: placement by allocatable only"}
         snap = view.snapshot()
         details: dict[str, Any] = {"source": self.pods_source, "synced": snap.synced, "gpuPods": snap.pods}
+        details["gpuClaims"] = snap.claims
         details["skipped"] = snap.skipped
         if not snap.synced:
             details["note"] = "pod view not synced yet: placement by allocatable only"

@@ -159,7 +159,10 @@ def wait_pod_view(wh: Webhook, cp: ControlPlane, timeout: float = 20.0) -> None:
         want = sum(
             1
             for p in cp.get_json("pods", "-A")["items"]
-            if any("nvidia.com/gpu" in (c.get("resources", {}).get("limits") or {}) for c in p["spec"]["containers"])
+            if (
+                any("nvidia.com/gpu" in (c.get("resources", {}).get("limits") or {}) for c in p["spec"]["containers"])
+                or p["spec"].get("resourceClaims")  # kept too: their GPUs are counted from their claims
+            )
             and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
         )
         if pod_view_gpu_pods(wh) == want:

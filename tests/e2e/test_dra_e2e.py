@@ -184,6 +184,59 @@ def test_claim_based_2x8_training_lands_in_one_rack_and_without_the_webhook_it_d
     assert sorted(devices.values()) == [8, 8], devices  # the scheduler allocated 8 GPUs on each node
 
 
+def gpu_claims_seen(wh: Webhook) -> int:
+    """ResourceClaims the webhook's pod view counts as holding GPUs on a node (/readyz podView.gpuClaims)."""
+    assert wh.server is not None
+    with wh.server.client() as c:
+        return int(c.get("/readyz").json()["podView"].get("gpuClaims", -1))
+
+
+@pytest.mark.parametrize("held_rack", ["rack-a", "rack-b"])
+def test_gpus_held_through_claims_steer_the_next_job_to_the_free_rack(
+    dra_cluster: ControlPlane, webhook: Webhook, namespace: str, held_rack: str
+) -> None:
+    """A pod holding a node's 8 GPUs through a claim (the scheduler's allocation in the claim's status; the pod
+    asks no device-plugin GPU) leaves its rack 8 GPUs short: the webhook's pod view counts the claim, so a 2x8
+    job is given the other rack and binds whole there. Both racks in turn: a view blind to claims sees two
+    equal racks and picks the same one both times, stranding a pod in one of the two runs."""
+    cp = dra_cluster
+    wait_devices(webhook, 5)
+    node = {"rack-a": "dra-a-1", "rack-b": "dra-b-1"}[held_rack]
+    busy = pl.new_namespace(cp, "held", {"gpu-admission.io/enforcement": "off"})
+    try:
+        hog = claim_pods("hog", 1, 8)[0]
+        hog["metadata"] = {"name": "hog"}
+        hog["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        hog["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
+        hog["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "1"
+        r = apply(cp, busy, [template("gpus-hog", 8), hog])
+        assert r.returncode == 0, r.stderr
+        assert cp.wait_for_scheduled(busy, "hog", timeout=90) == node
+        assert allocated_devices(cp, busy) == {node: 8}
+        deadline = time.monotonic() + 30
+        while gpu_claims_seen(webhook) != 1:
+            assert time.monotonic() < deadline, f"the pod view never counted the claim: {gpu_claims_seen(webhook)}"
+            time.sleep(0.2)
+
+        r = apply(cp, namespace, [template("gpus-next", 8)])
+        assert r.returncode == 0, r.stderr
+        time.sleep(1.0)  # the webhook reads templates from its watch cache: let the template reach it
+        r = apply(cp, namespace, claim_pods("next", 2, 8))
+        assert r.returncode == 0, r.stderr
+        placed = racks(cp, namespace, ["next-worker-0", "next-worker-1"])
+        print(f"{held_rack} held on {node}:", placed, allocated_devices(cp, namespace))
+        free_rack = {"rack-a": "rack-b", "rack-b": "rack-a"}[held_rack]
+        assert {v.split("/")[0] for v in placed.values()} == {free_rack}, placed
+    finally:  # both namespaces' claims gone from the view too: the other rack's run starts from free racks
+        for ns in (busy, namespace):
+            cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
+            cp.kubectl("delete", "resourceclaims", "--all", "-n", ns, "--wait=true", check=False)
+        cp.kubectl("delete", "namespace", busy, "--wait=false", check=False)
+        deadline = time.monotonic() + 30
+        while gpu_claims_seen(webhook) != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
 def test_claim_based_time_sliced_gpu_for_online_inference_is_denied(
     dra_cluster: ControlPlane, webhook: Webhook, namespace: str
 ) -> None:
