@@ -298,13 +298,33 @@ def _one(
     text = " && ".join(exprs)
     strategy = sharing.get(qualified) or sharing.get(rname) or sharing.get("", "")
     resource = _resource(cls, text, strategy)
-    memory = None
-    if (m := _MEMORY.search(text)) is not None:
-        try:
-            memory = parse_bytes(m.group(1))
-        except (QuantityError, ValueError):
-            memory = None
+    memory = _memory_asked(text, body.get("capacity"))
     return ClaimAsk(claim, qualified, resource, count, strategy, memory, cls.kind == "channel"), ""
+
+
+# capacity.requests keys naming GPU memory: a QualifiedName, its domain the driver's when left out.
+_MEMORY_KEYS = ("memory", f"{NVIDIA_DRIVER}/memory")
+
+
+def _memory_asked(selectors: str, capacity: Any) -> int | None:
+    """Bytes of GPU memory a request asks each device to have at least: a CEL selector's memory comparison,
+    or `capacity.requests` (the same filter, resource.k8s.io/v1 CapacityRequirements); the larger of both."""
+    found: list[str | int] = []
+    if (m := _MEMORY.search(selectors)) is not None:
+        found.append(m.group(1))
+    requests = capacity.get("requests") if isinstance(capacity, dict) else None
+    for key in _MEMORY_KEYS:
+        value = requests.get(key) if isinstance(requests, dict) else None
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            found.append(value)
+    out: int | None = None
+    for raw in found:
+        try:
+            n = parse_bytes(raw)
+        except (QuantityError, ValueError):
+            continue
+        out = n if out is None else max(out, n)
+    return out
 
 
 def _resource(cls: DeviceClass, selectors: str, sharing: str) -> str:
