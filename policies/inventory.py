@@ -248,6 +248,7 @@ class Inventory:
     levels: tuple[topology.Level, ...] = ()
     level_finer: tuple[frozenset[str], ...] = ()
     nvlink_key: str | None = None  # an NVLink-domain key on some GPU node, even when not a level
+    nvlink_largest: int = 0  # whole GPUs of the largest domain of nvlink_key (ComputeDomains fit in one)
     level_setting: tuple[str, ...] = ()  # the policy's topology.levels this version was built for
     level_warnings: tuple[str, ...] = ()  # the levels' own warnings (also in warnings)
     # What the levels are read from, per label value: a node added or removed updates them in O(its keys).
@@ -686,12 +687,14 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         problems = tuple(found)
     if not levels_touched and rack == inv.rack_label:  # heartbeats, and labels no level can read (health...)
         levels, level_warnings, nvlink_key = inv.levels, inv.level_warnings, inv.nvlink_key
+        nvlink_largest = inv.nvlink_largest
     else:
         # From the counts: O(candidate keys), only when a node came or went or a level input changed.
         levels, found_warnings = _levels(index, inv, counts, rack)
         levels = inv.levels if levels == inv.levels else levels  # the same: keep what is derived from them
         level_warnings = tuple(found_warnings)
         nvlink_key = next((k for k in topology.NVLINK_KEYS if _labelled(index, k)), None)
+        nvlink_largest = _largest_domain(index, nvlink_key) if nvlink_key else 0
     same_levels = levels is inv.levels
     epoch = inv.topology_epoch if not levels_touched and rack == inv.rack_label else object()
     return Inventory(
@@ -710,6 +713,7 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         if same_levels
         else tuple(topology.finer_keys(levels, i) for i in range(len(levels))),
         nvlink_key=nvlink_key,
+        nvlink_largest=nvlink_largest,
         level_setting=inv.level_setting,
         level_warnings=level_warnings,
         level_counts=counts,
@@ -736,6 +740,16 @@ def _levels(
             "NVLink clique: training-rack cannot be applied; set topology.levels or label the nodes"
         )
     return levels, warnings
+
+
+def _largest_domain(index: NodeIndex, key: str) -> int:
+    """Whole GPUs of the largest domain of `key` over the whole-card nodes that carry it."""
+    per: dict[str, int] = {}
+    for _, n in index.all_nodes():
+        value = n.labels.get(key)
+        if value and n.whole_card:
+            per[value] = per.get(value, 0) + n.whole_gpus
+    return max(per.values(), default=0)
 
 
 def _rack_or_finer(levels: tuple[topology.Level, ...], rack: str | None) -> frozenset[str]:

@@ -400,7 +400,7 @@ def job_domain(s: Subject) -> tuple[str, frozenset[str]] | None:
 
 def _job_domain(s: Subject) -> tuple[str, frozenset[str]] | None:
     inv = s.inventory
-    if inv.nvlink_key and claims_nvlink_domain(s):
+    if inv.nvlink_key and claims_nvlink_domain(s) and not larger_than_any_clique(s):
         i = inv.level_index("nvlink")
         return inv.nvlink_key, inv.level_finer[i] if i is not None else inv.rack_or_finer | {inv.nvlink_key}
     i = inv.level_for(s.job.gpus, s.job.gpus_known)
@@ -411,6 +411,14 @@ def _job_domain(s: Subject) -> tuple[str, frozenset[str]] | None:
 # (kubernetes-sigs/dra-driver-nvidia-gpu: spec.channel.resourceClaimTemplate; its demos call it
 # `<name>-channel` or `imex`), and the documented placement is node affinity `nvidia.com/gpu.clique Exists`.
 _CHANNEL_HINTS = ("channel", "imex", "compute-domain", "computedomain")
+
+
+def larger_than_any_clique(s: Subject) -> bool:
+    """A job of more whole GPUs than the largest NVLink clique holds (False when the size or cliques are
+    unknown): pinned to one clique it would never bind whole, so it is kept at the level that holds it
+    (training-topology-scheduler warns when it claims a ComputeDomain)."""
+    largest = s.inventory.nvlink_largest
+    return bool(largest) and s.job.gpus_known and s.job.gpus > largest
 
 
 def claims_nvlink_domain(s: Subject) -> bool:

@@ -13,9 +13,11 @@ from typing import Any
 from policies import comm, ownscaling, placement, schedkeys
 from policies.classify import classify
 from policies.mutations import (
+    claims_nvlink_domain,
     has_queue,
     has_rack_constraint,
     job_domain,
+    larger_than_any_clique,
     larger_than_any_rack,
     no_domain_fits_note,
     prefers_domain,
@@ -126,6 +128,18 @@ def training_topology_scheduler(s: Subject) -> list[Violation]:
         return []
     if s.job.gpus <= s.inventory.max_whole_gpus:
         return []
+    if claims_nvlink_domain(s) and larger_than_any_clique(s):
+        # Whatever the scheduler: no placement gives a ComputeDomain more than one clique.
+        largest = s.inventory.nvlink_largest
+        penalty = _clique_penalty(s)
+        cost = f": all-reduce ≈{penalty:.1f}× slower" if penalty else ""
+        # Short: a warning is cut at 120 characters with its rule id; the fix says why.
+        found = f"ComputeDomain job of {s.job.gpus} GPUs > largest NVLink clique ({largest}){cost}"
+        fix = (
+            "a ComputeDomain's IMEX channels reach only within one clique: shrink the job to one clique's GPUs, "
+            "or drop the ComputeDomain claim and run across cliques"
+        )
+        return [Violation(found, fix)]
     for p in pods:
         if p.spec.get("schedulerName") in s.policy.topology_schedulers:
             continue
@@ -141,16 +155,27 @@ def training_topology_scheduler(s: Subject) -> list[Violation]:
 
 def _spans_cliques(s: Subject) -> str:
     """On clique-labelled nodes, a job larger than any NVLink clique: what leaving NVLink costs it."""
+    cost = _cliques_cost(s)
+    return f"{cost}; no topology-aware scheduler" if cost else ""
+
+
+def _cliques_cost(s: Subject) -> str:
+    """'N GPUs span NVLink cliques (max M): all-reduce ≈X× slower' for a job larger than the largest clique of
+    the NVLink level, else ""."""
     i = s.inventory.level_index("nvlink")
     largest = s.inventory.levels[i].largest_gpus if i is not None else 0
     if not largest or s.job.gpus <= largest:
         return ""
-    try:
-        penalty = comm.nvlink_domain_penalty(s.policy.comm.message_bytes, s.job.gpus, s.policy.comm.bandwidths())
-    except ValueError:
-        penalty = None
+    penalty = _clique_penalty(s)
     cost = f": all-reduce ≈{penalty:.1f}× slower" if penalty else ""
-    return f"{s.job.gpus} GPUs span NVLink cliques (max {largest}){cost}; no topology-aware scheduler"
+    return f"{s.job.gpus} GPUs span NVLink cliques (max {largest}){cost}"
+
+
+def _clique_penalty(s: Subject) -> float | None:
+    try:
+        return comm.nvlink_domain_penalty(s.policy.comm.message_bytes, s.job.gpus, s.policy.comm.bandwidths())
+    except ValueError:
+        return None
 
 
 def scheduler_topology_keys(s: Subject) -> list[Violation]:
