@@ -224,3 +224,99 @@ def test_the_counts_are_those_of_the_claims_present_whatever_the_order(changes: 
             if node and units.get(GPU):
                 want[node] = want.get(node, 0) + units[GPU]
     assert dict(v.snapshot().used_of(GPU)) == want
+
+
+# -- every shape of claim gives an answer (mutation testing: each guard below is needed) -----------------------
+
+
+def _with(path: list[Any], value: Any) -> dict[str, Any]:
+    """A 2-GPU allocated claim with the value at `path` replaced."""
+    obj = claim("c", "n", ["gpus", "gpus"])
+    target: Any = obj
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return obj
+
+
+GARBAGE = [
+    (["metadata"], ["x"]),
+    (["spec"], ["x"]),
+    (["spec", "devices"], ["x"]),
+    (["spec", "devices", "requests"], "x"),
+    (["spec", "devices", "requests", 0], "x"),
+    (["spec", "devices", "requests", 0, "exactly", "deviceClassName"], 7),
+    (["status", "allocation", "devices"], ["x"]),
+    (["status", "allocation", "devices", "results"], "xx"),
+    (["status", "allocation", "devices", "results", 0], "x"),
+    (["status", "allocation", "nodeSelector", "nodeSelectorTerms", 0], "x"),
+]
+
+
+def test_garbage_anywhere_in_a_claim_gives_an_answer_not_an_exception() -> None:
+    for path, value in GARBAGE:
+        node, units = held(_with(path, value))
+        assert node in ("", "n") and set(units) <= {GPU}, (path, value)
+        assert units.get(GPU, 0) <= 2, (path, value)
+
+
+def test_one_bad_result_or_request_does_not_stop_the_others_from_counting() -> None:
+    assert held(_with(["status", "allocation", "devices", "results", 0], "x")) == ("n", {GPU: 1})
+    obj = claim("c", "n", ["nothing", "gpus"], [
+        {"exactly": {"deviceClassName": "gpu.nvidia.com"}},  # no name: skipped, the next is read
+        {"name": "nothing", "exactly": {"deviceClassName": "nope.example.com"}},
+        {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+    ])  # fmt: skip
+    assert held(obj) == ("n", {GPU: 1})
+    fields = obj["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"]
+    fields.insert(0, {"key": "metadata.name", "operator": "NotIn", "values": ["m"]})
+    fields.insert(0, {"key": "spec.other", "operator": "In", "values": ["m"]})
+    assert held(obj)[0] == "n"  # only a metadata.name In term names the node
+
+
+def test_a_firstavailable_subrequest_without_a_name_is_skipped() -> None:
+    reqs = [{"name": "gpu", "firstAvailable": [{"deviceClassName": "gpu.nvidia.com"}, "x",
+                                              {"name": "one", "deviceClassName": "gpu.nvidia.com"}]}]  # fmt: skip
+    assert held(claim("c", "n", ["gpu/one"], reqs)) == ("n", {GPU: 1})
+
+
+def test_sharing_config_for_all_requests_the_request_or_the_chosen_subrequest() -> None:
+    params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}
+    reqs = [{"name": "gpu", "firstAvailable": [{"name": "whole", "deviceClassName": "gpu.nvidia.com"}]}]
+    for names in ([], ["gpu"], ["gpu/whole"]):  # no requests: the whole claim; the request; its subrequest
+        config = [
+            {**({"requests": names} if names else {}), "opaque": {"driver": "gpu.nvidia.com", "parameters": params}}
+        ]
+        assert held(claim("c", "n", ["gpu/whole"], reqs, config)) == ("n", {GPU_SHARED: 1}), names
+    other = [{"requests": ["gpu/other"], "opaque": {"driver": "gpu.nvidia.com", "parameters": params}}]
+    assert held(claim("c", "n", ["gpu/whole"], reqs, other)) == ("n", {GPU: 1})
+
+
+def test_no_more_results_are_read_than_the_bound() -> None:
+    assert held(claim("c", "n", ["gpus"] * (dra.MAX_REQUESTS * 128 + 5))) == ("n", {GPU: dra.MAX_REQUESTS * 128})
+
+
+# -- memory asked through capacity.requests -----------------------------------------------------------------
+
+
+def _memory(body: dict[str, Any]) -> int | None:
+    reqs = [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", **body}}]
+    pod = {"spec": {"resourceClaims": [{"name": "c", "resourceClaimName": "c"}], "containers": [{"name": "m"}]}}
+    lookup = dra.Lookup(CLASSES, lambda kind, ns, name: {"spec": {"devices": {"requests": reqs}}}, "ml")
+    (ask,) = dra.pod_claims(pod, lookup).asks
+    return ask.memory
+
+
+def test_capacity_requests_ask_memory_like_a_cel_selector_and_the_larger_wins() -> None:
+    gib = 1 << 30
+    cel = [{"cel": {"expression": "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('141Gi')) >= 0"}}]
+    assert _memory({"capacity": {"requests": {"memory": "40Gi"}}}) == 40 * gib
+    assert _memory({"capacity": {"requests": {"gpu.nvidia.com/memory": "40Gi"}}}) == 40 * gib
+    assert _memory({"selectors": cel, "capacity": {"requests": {"memory": "40Gi"}}}) == 141 * gib
+    assert _memory({"capacity": {"requests": {"memory": "80Gi", "gpu.nvidia.com/memory": "40Gi"}}}) == 80 * gib
+    bad = [{"cel": {"expression": "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('lots')) >= 0"}}]
+    assert _memory({"selectors": bad, "capacity": {"requests": {"memory": "40Gi"}}}) == 40 * gib
+    for value in (True, ["40Gi"], {"x": 1}, "lots"):
+        assert _memory({"capacity": {"requests": {"memory": value}}}) is None, value
+    assert _memory({"capacity": {"requests": {"memory": 1024}}}) == 1024
+    assert _memory({"capacity": "x"}) is None
