@@ -694,7 +694,8 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         levels = inv.levels if levels == inv.levels else levels  # the same: keep what is derived from them
         level_warnings = tuple(found_warnings)
         nvlink_key = next((k for k in topology.NVLINK_KEYS if _labelled(index, k)), None)
-        nvlink_largest = _largest_domain(index, nvlink_key) if nvlink_key else 0
+        # From the same counts (O(1)); 0 when the policy's declared levels leave the key out of them.
+        nvlink_largest = counts.view().key(nvlink_key).largest if nvlink_key else 0
     same_levels = levels is inv.levels
     epoch = inv.topology_epoch if not levels_touched and rack == inv.rack_label else object()
     return Inventory(
@@ -740,16 +741,6 @@ def _levels(
             "NVLink clique: training-rack cannot be applied; set topology.levels or label the nodes"
         )
     return levels, warnings
-
-
-def _largest_domain(index: NodeIndex, key: str) -> int:
-    """Whole GPUs of the largest domain of `key` over the whole-card nodes that carry it."""
-    per: dict[str, int] = {}
-    for _, n in index.all_nodes():
-        value = n.labels.get(key)
-        if value and n.whole_card:
-            per[value] = per.get(value, 0) + n.whole_gpus
-    return max(per.values(), default=0)
 
 
 def _rack_or_finer(levels: tuple[topology.Level, ...], rack: str | None) -> frozenset[str]:
