@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the peers of the `peers` benchmark part (tests/bench/peers.py) from their Go modules: Gatekeeper's
-# manager and Kyverno's admission controller. Never run by CI's default path (the part's tests skip, saying
+# Build the peers of the `peers` benchmark part (tests/bench/peers.py; tests/bench/peerinstall.py installs them)
+# from their Go modules: Gatekeeper's manager and Kyverno's admission controller. Never run by CI's default path (the part's tests skip, saying
 # why, when the binaries are absent); on this 2-core machine Gatekeeper took 16 min at nice 19.
 #
 # Usage: scripts/peers/build.sh            # build once, then reuse the cache

@@ -24,6 +24,7 @@ median over the repetitions.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import os
 import re
@@ -47,6 +48,9 @@ from tests.e2e.cluster import DEFAULT_NODES_FILE, ControlPlane, build_binaries
 # (a second, validating call per Pod: the design before one-call). "noop"/"noop-2": the same configurations
 # pointed at the no-op Go webhook, the floor of calling out at all.
 CONFIGS = ("none", "noop", "webhook", "cel", "noop-2", "webhook-2", "native")
+# The peers (tests/bench/peerinstall.py): measured only when asked (the `peers` part), beside the configurations above.
+PEER_CONFIGS = ("kyverno", "gatekeeper")
+ALL_CONFIGS = CONFIGS + PEER_CONFIGS
 NATIVE_SERVER = "gpu-admission serve --native"
 PLACEMENTS = ("isolated", "shared")
 NOOP_SUFFIX = ".noop-bench.example.com"
@@ -142,11 +146,15 @@ def _probe_denied(cp: ControlPlane) -> str:
 class Configs:
     """Switches the one API server between the configurations."""
 
-    def __init__(self, cp: ControlPlane, variant: str) -> None:
+    def __init__(self, cp: ControlPlane, variant: str, peer_names: tuple[str, ...] = ()) -> None:
+        from tests.bench import peerinstall as peers
         from tests.e2e.webhook import Webhook, local_configs, render
         from tests.serverproc import ROOT, free_port
 
         self.cp = cp
+        self.peers: dict[str, peers.Peer] = {}
+        for name in peer_names:  # installed and started once; registered only while measured (set)
+            self.peers[name] = peers.PEERS[name](cp).start()
         self.webhook = _start_webhook(Webhook, cp, variant, ())
         port = free_port()
         tls = self.webhook.tls
@@ -168,13 +176,18 @@ class Configs:
     def _pod_validate_calls(self) -> float:
         return sum(c for k, (_, c) in admission_metrics(self.cp).items() if k.startswith("pods.validate."))
 
-    def _noop_active(self) -> bool:
+    def _called(self, suffix: str) -> bool:
+        """Does a GPU pod's dry run reach a webhook whose name ends with `suffix` now?"""
+
         def calls() -> float:
-            return sum(c for k, (_, c) in admission_metrics(self.cp).items() if k.endswith(NOOP_SUFFIX))
+            return sum(c for k, (_, c) in admission_metrics(self.cp).items() if k.endswith(suffix))
 
         before = calls()
         _probe_mutated(self.cp)
         return calls() > before
+
+    def _noop_active(self) -> bool:
+        return self._called(NOOP_SUFFIX)
 
     def set(self, name: str, timeout: float = 60.0, settle: float = 1.0) -> None:
         cp = self.cp
@@ -190,8 +203,13 @@ class Configs:
             if other != name:
                 for obj in reversed(objs):
                     cp.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found")
+        for other, peer in self.peers.items():
+            if other != name and peer.active:
+                peer.deactivate()
         if name in wanted:
             cp.kubectl("apply", "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": wanted[name]})
+        if name in self.peers:
+            self.peers[name].activate()
         deadline = time.monotonic() + timeout
         while True:
             validated = self._pod_validate_calls()
@@ -200,7 +218,13 @@ class Configs:
             noop = self._noop_active()
             two = self._pod_validate_calls() > validated  # an allowed GPU pod reached a validating pods webhook
             vap = _probe_native(cp)
-            ok = {
+            peers_on = {n for n, p in self.peers.items() if p.effective()}
+            if name in PEER_CONFIGS:  # its denial, and no other admission of ours or the floor's
+                ours = self._called(".gpu-admission.io")
+                ok = peers_on == {name} and not ours and not noop and not two and not vap
+            else:
+                ok = not peers_on
+            ok = ok and {
                 "none": not denial and not mutated and not noop and not two and not vap,
                 "noop": noop and not denial and not mutated and not two and not vap,
                 "webhook": mutated and "gpu-admission.io" in denial and not noop and not two and not vap,
@@ -208,7 +232,7 @@ class Configs:
                 "noop-2": noop and not denial and not mutated and two and not vap,
                 "webhook-2": mutated and "gpu-admission.io" in denial and not noop and two and not vap,
                 "native": mutated and "gpu-admission.io" in denial and not noop and not two and vap,
-            }[name]
+            }.get(name, True)
             if ok:
                 break
             if time.monotonic() > deadline:
@@ -218,6 +242,8 @@ class Configs:
         self.current = name
 
     def close(self) -> None:
+        for peer in self.peers.values():
+            peer.stop()
         self.noop.terminate()
         self.noop.wait(10)
         for obj in self.native_objects:
@@ -355,6 +381,7 @@ def place(cp: ControlPlane, configs: Configs, placement: str) -> str | None:
     control = [c.proc.pid for c in getattr(cp, "_components", []) if c.proc is not None]
     server = configs.webhook.server
     webhooks = [configs.noop.pid, configs.native_server.proc.pid] + ([server.proc.pid] if server is not None else [])
+    webhooks += [p.proc.pid for p in configs.peers.values() if p.proc is not None]
     if placement == "isolated":
         for pid in control:
             _taskset(pid, "0")
@@ -415,6 +442,36 @@ def _pids(cp: ControlPlane, configs: Configs) -> dict[str, int]:
         out["gpu-admission serve"] = configs.webhook.server.proc.pid
     out["no-op webhook"] = configs.noop.pid
     out[NATIVE_SERVER] = configs.native_server.proc.pid
+    for name, peer in configs.peers.items():
+        if peer.proc is not None:
+            out[name] = peer.proc.pid
+    return out
+
+
+# The process that answers a configuration's reviews, and how its webhooks are named in the API server's metrics.
+HOOKS: dict[str, tuple[str, str]] = {
+    "noop": ("no-op webhook", NOOP_SUFFIX),
+    "noop-2": ("no-op webhook", NOOP_SUFFIX),
+    "webhook": ("gpu-admission serve", ".gpu-admission.io"),
+    "webhook-2": ("gpu-admission serve", ".gpu-admission.io"),
+    "native": (NATIVE_SERVER, ".gpu-admission.io"),
+    "kyverno": ("kyverno", "kyverno.svc"),
+    "gatekeeper": ("gatekeeper", "gatekeeper.sh"),
+}
+
+
+def hook_figures(config: str, pids: dict[str, int], calls: dict[str, Any]) -> dict[str, Any]:
+    """Reviews the configuration's webhook process answered, its CPU per review and its RSS after the run."""
+    if config not in HOOKS:
+        return {}
+    process, marker = HOOKS[config]
+    reviews = sum(c["calls"] for who, c in calls.items() if marker in who)
+    out: dict[str, Any] = {"process": process, "reviews": reviews}
+    if process in pids:
+        from tests.bench.common import rss_kib
+
+        with contextlib.suppress(OSError):  # the process ended: no figure
+            out["rss_mib"] = round(rss_kib(pids[process]) / 1024, 1)
     return out
 
 
@@ -485,6 +542,7 @@ def one_run(
     res["admission"] = calls
     res["namespace"] = namespace
     created = res.get("ok", 0)
+    res["hook"] = hook_figures(config, pids, calls)
     # CPU per created pod of each process (ms), over the measured run only: noise-robust, and it shows whose
     # work a configuration adds (the API server's for calling out, the webhook server's for deciding).
     res["cpu_ms_per_pod"] = {
@@ -492,6 +550,9 @@ def one_run(
         for name in cpu1
         if name in cpu0 and created and cpu1[name] > cpu0[name]
     }
+    hook = res["hook"]
+    if hook.get("reviews") and hook["process"] in cpu0:
+        hook["cpu_ms_per_review"] = round((cpu1[hook["process"]] - cpu0[hook["process"]]) / hook["reviews"] * 1000, 3)
     load = common.loadavg()
     res["loadavg"] = load[0] if load else None
     return res
@@ -523,9 +584,13 @@ def run(
     placement: str = "both",
     only: tuple[str, ...] = CONFIGS,
     only_loads: tuple[str, ...] = CONCURRENCY,
+    peer_names: tuple[str, ...] = (),
+    burst: Any = None,
 ) -> dict[str, Any]:
-    """`only`: the configurations to measure (none and webhook always); `only_loads`: the LOADS keys."""
-    chosen = tuple(c for c in CONFIGS if c in ("none", "webhook") or c in only)
+    """`only`: the configurations to measure (none and webhook always); `only_loads`: the LOADS keys;
+    `peer_names`: peers to install and measure too (tests/bench/peerinstall.py); `burst(cp, configs, config, cpus)`:
+    one more measurement per configuration and repetition after the loads (the peers part's Job burst)."""
+    chosen = tuple(c for c in ALL_CONFIGS if c in ("none", "webhook") or c in only or c in peer_names)
     reps = 1 if quick else 3
     counts = (
         {"1": 20, "20": 100, "100": 200, "20@100/s": 50}
@@ -538,7 +603,7 @@ def run(
     try:
         version = cp.server_version().get("gitVersion", "")
         creds = credentials(cp.kubeconfig, tmp)
-        configs = Configs(cp, variant)
+        configs = Configs(cp, variant, peer_names)
         common.say(
             f"apiserver ({variant}): kube-apiserver {version}, control plane + webhook ready in "
             f"{time.monotonic() - t0:.1f}s; {reps} rep(s), pods per run {counts}"
@@ -553,6 +618,7 @@ def run(
         runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
             p: {c: {k: [] for k in loads} for c in chosen} for p in placements
         }
+        bursts: dict[str, list[dict[str, Any]]] = {}
         for where in placements:
             cpus = place(cp, configs, where)
             for rep in range(reps):
@@ -580,8 +646,13 @@ def run(
                             f"  {where} rep {rep + 1}/{reps} {key:>8} clients {config:>7}: "
                             f"{res['achieved_rate']:7.1f} pods/s p50 {lat.get('p50', float('nan')):7.2f} ms "
                             f"p99 {lat.get('p99', float('nan')):7.2f} ms errors {res['errors'] or 0} "
-                            f"calls {res['admission']} CPU ms/pod {res['cpu_ms_per_pod']} (load {res['loadavg']})"
+                            f"calls {res['admission']} CPU ms/pod {res['cpu_ms_per_pod']} hook {res['hook']} "
+                            f"(load {res['loadavg']})"
                         )
+                if burst is not None:
+                    for config in order:
+                        configs.set(config, settle=0.3 if quick else 1.0)
+                        bursts.setdefault(config, []).append(burst(cp, configs, config, cpus))
         configs.set("webhook")
         reload = measure_reload(cp, 3 if quick else 10)
         common.say(f"  policy reload: {reload}")
@@ -596,6 +667,12 @@ def run(
     result["headline_placement"] = headline
     result["targets"] = dict(result["placements"][headline]["targets"])
     result["reload"] = reload
+    if bursts:
+        result["bursts"] = bursts
+    if peer_names:
+        from tests.bench import peerinstall as peers
+
+        result["peers"] = {n: peers.PEERS[n].version for n in peer_names}
     if "met" in reload:
         result["targets"]["policy_reload"] = {
             "target_s": TARGET_RELOAD_S,
@@ -622,6 +699,8 @@ def run(
             "(training-queue-priority, scheduler-topology-keys, training-elastic-shrink)",
             "cel": "ValidatingAdmissionPolicy + binding: "
             + "; ".join(v["message"].split(":")[0] for v in cel.VALIDATIONS),
+            "kyverno": "Kyverno's admission controller with tests/bench/peerpolicies/kyverno.yaml",
+            "gatekeeper": "Gatekeeper's manager with tests/bench/peerpolicies/gatekeeper*.yaml",
         },
     )
     report(result)
@@ -639,6 +718,8 @@ def summarize(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any
             adm: dict[str, list[float]] = {}
             side: dict[str, list[float]] = {}
             cpu: dict[str, list[float]] = {}
+            per_review = [r["hook"]["cpu_ms_per_review"] for r in rs if "cpu_ms_per_review" in r.get("hook", {})]
+            rss = [r["hook"]["rss_mib"] for r in rs if "rss_mib" in r.get("hook", {})]
             for r in rs:
                 for who, a in r.get("admission", {}).items():
                     adm.setdefault(who, []).append(a["mean_ms"])
@@ -658,10 +739,12 @@ def summarize(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any
                 "admission_mean_ms": {k: common.rnd(common.median(v), 3) for k, v in adm.items()},
                 "webhook_server_side_p50_ms": {k: common.rnd(common.median(v), 3) for k, v in side.items()},
                 "cpu_ms_per_pod": {k: common.rnd(common.median(v), 3) for k, v in cpu.items()},
+                "hook_cpu_ms_per_review": common.rnd(common.median(per_review), 3) if per_review else None,
+                "hook_rss_mib": max(rss) if rss else None,
                 "runs": rs,
             }
     comparisons: dict[str, dict[str, Any]] = {}
-    for config in [c for c in CONFIGS[1:] if c in table]:
+    for config in [c for c in ALL_CONFIGS[1:] if c in table]:
         for clients in table["none"]:
             base, this = table["none"][str(clients)], table[config][str(clients)]
             comparisons.setdefault(config, {})[str(clients)] = {
@@ -726,18 +809,20 @@ def report_placement(result: dict[str, Any]) -> None:
         "handler p50 ms",
         "CPU ms/pod apiserver",
         "CPU ms/pod webhook",
+        "CPU ms/review webhook",
+        "RSS MiB webhook",
         "errors",
     ]
     rows = []
     for clients in result["results"]["none"]:
-        for config in [c for c in CONFIGS if c in result["results"]]:
+        for config in [c for c in ALL_CONFIGS if c in result["results"]]:
             r = result["results"][config][str(clients)]
             cmp = result["vs_baseline"].get(config, {}).get(str(clients), {})
             cpu = r.get("cpu_ms_per_pod", {})
             ours = config.startswith("webhook")
             hook = cpu.get("gpu-admission serve") if ours else cpu.get("no-op webhook")
-            if config == "native":
-                hook = cpu.get(NATIVE_SERVER)
+            if config in HOOKS:
+                hook = cpu.get(HOOKS[config][0])
             rows.append(
                 [
                     clients,
@@ -749,10 +834,12 @@ def report_placement(result: dict[str, Any]) -> None:
                     cmp.get("p50_delta_ms", "–"),
                     cmp.get("p99_ratio", "–"),
                     "/".join(f"{x:.0f}" for x in r["p99_runs"] if x is not None),
-                    _calls(r["admission_mean_ms"], "pods."),
+                    _calls(r["admission_mean_ms"], "" if config in PEER_CONFIGS else "pods."),
                     _calls(r["webhook_server_side_p50_ms"]),
                     cpu.get("kube-apiserver", "–"),
-                    hook if config.startswith(("webhook", "noop", "native")) and hook is not None else "–",
+                    hook if config in HOOKS and hook is not None else "–",
+                    r.get("hook_cpu_ms_per_review") or "–",
+                    r.get("hook_rss_mib") or "–",
                     r["errors"],
                 ]
             )

@@ -1,282 +1,189 @@
-"""Kyverno and Gatekeeper beside gpu-admission on the same real API server (issue #19).
+"""The `peers` part: gpu-admission beside Kyverno and Gatekeeper on the same real API server (issue #19).
 
-Each peer is installed the way its own release manifest defines it — its CRDs and its webhook configurations
-(rules, namespaceSelector, failurePolicy, timeouts as shipped) — with only the `clientConfig` swapped for a URL
-on loopback and a CA of our TLS helper, like ours (tests/e2e/webhook.py). The peer process runs here, built
-from its Go module by scripts/peers/build.sh into the cache (never in CI's default path), with the control
-plane's admin kubeconfig. The checklist as each peer's policies is in tests/bench/peerpolicies/.
-
-A peer's webhook configurations are registered only while it is the configuration under measurement
-(`activate` / `deactivate`); its CRDs and policies stay installed (they cost nothing without the webhooks).
+The apiserver part's machinery (tests/bench/apiserver.py: one control plane, configurations interleaved and
+rotated per repetition, the Go load generator, API-server metrics and per-process CPU) measures, in one run:
+none, the no-op webhook, ours, ours --native, and each peer that is built (tests/bench/peerinstall.py; a peer
+that is not is named with the reason and left out) — pod creates at 1 and 20 clients and open loop at 100
+pods/s, then a burst: BURST_JOBS Indexed Jobs of BURST_PODS pods each applied at once, timed until the Job
+controller has created every pod (what a training launch looks like). Placement "shared": everything on the
+same cores, as on a small cluster.
 """
 
 from __future__ import annotations
 
-import copy
-import os
-import shutil
-import subprocess
+import json
 import time
-from collections.abc import Callable
-from pathlib import Path
+import uuid
 from typing import Any
 
-import yaml
+from tests.bench import apiserver, common, corpus
+from tests.bench import peerinstall as install
 
-from tests.e2e.cluster import ControlPlane
-from tests.serverproc import free_port, make_certs
-
-CACHE = Path(os.environ.get("GPU_ADMISSION_CACHE", "~/.cache/gpu-admission")).expanduser() / "peers"
-GATEKEEPER_VERSION = "v3.23.1"
-KYVERNO_VERSION = "v1.19.1"
-POLICIES = Path(__file__).resolve().parent / "peerpolicies"
-BUILD_SCRIPT = "scripts/peers/build.sh"
-Json = dict[str, Any]
+LOADS = ("1", "20", "20@100/s")
+CONFIGS = ("noop", "native")  # with none and webhook, which apiserver.run always measures
+BURST_JOBS = 50
+BURST_PODS = 20
+QUICK_BURST = (5, 4)
 
 
-def gomodcache() -> Path:
-    """Where `go install` left the peers' module sources (their install manifests and CRDs)."""
-    if os.environ.get("GOMODCACHE"):
-        return Path(os.environ["GOMODCACHE"])
-    go = shutil.which("go")
-    if go:
-        out = subprocess.run([go, "env", "GOMODCACHE"], capture_output=True, text=True, check=False).stdout.strip()
-        if out:
-            return Path(out)
-    return Path("~/go/pkg/mod").expanduser()
+def available() -> tuple[tuple[str, ...], dict[str, str]]:
+    """(peers that can run here, {peer: why not})."""
+    missing = {name: cls.missing() for name, cls in install.PEERS.items()}
+    return tuple(n for n in apiserver.PEER_CONFIGS if n in missing and not missing[n]), {
+        n: why for n, why in missing.items() if why
+    }
 
 
-def load_yaml(path: Path) -> list[Json]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+def burst_jobs(namespace: str, jobs: int, pods: int) -> dict[str, Any]:
+    """`jobs` Indexed Jobs of `pods` 8-GPU training pods each, labelled with a job identity every peer's
+    policies accept, on a scheduler nobody serves (only the creates load the control plane)."""
+    pod = corpus.training_pod(from_mutated_template=False)
+    template_spec = pod["spec"]
+    template_spec["schedulerName"] = corpus.UNSCHEDULED
+    template_spec["restartPolicy"] = "Never"
+    items = []
+    for k in range(jobs):
+        name = f"burst-{k}"
+        items.append(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": name, "namespace": namespace, "labels": {"gpu-admission.io/workload": "training"}},
+                "spec": {
+                    "parallelism": pods,
+                    "completions": pods,
+                    "completionMode": "Indexed",
+                    "template": {
+                        "metadata": {
+                            "labels": {"gpu-admission.io/workload": "training", "gpu-admission.io/job": name},
+                            "annotations": {"gpu-admission.io/job-gpus": str(8 * pods)},
+                        },
+                        "spec": template_spec,
+                    },
+                },
+            }
+        )
+    return install.as_list(items)
 
 
-def local_webhooks(configs: list[Json], base_url: str, ca_b64: str) -> list[Json]:
-    """Webhook configurations of a release manifest pointed at a URL on loopback (the Service's path kept)."""
-    out = []
-    for cfg in configs:
-        cfg = copy.deepcopy(cfg)
-        for wh in cfg["webhooks"]:
-            path = wh["clientConfig"].get("service", {}).get("path", "/")
-            wh["clientConfig"] = {"url": base_url + path, "caBundle": ca_b64}
-        out.append(cfg)
+def _pod_count(cp: Any, namespace: str) -> int:
+    """Pods in the namespace from one list of limit 1 (remainingItemCount): cheap for the API server."""
+    page = json.loads(cp.kubectl("get", "--raw", f"/api/v1/namespaces/{namespace}/pods?limit=1").stdout)
+    return len(page.get("items", [])) + int(page.get("metadata", {}).get("remainingItemCount") or 0)
+
+
+def burst(cp: Any, configs: Any, config: str, cpus: str | None, quick: bool = False) -> dict[str, Any]:
+    jobs, pods = QUICK_BURST if quick else (BURST_JOBS, BURST_PODS)
+    want = jobs * pods
+    namespace = f"burst-{config}-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("create", "namespace", namespace)
+    pids = apiserver._pids(cp, configs)
+    before = apiserver.admission_metrics(cp)
+    cpu0 = apiserver._cpu(pids)
+    t0 = time.monotonic()
+    try:
+        cp.kubectl("apply", "-f", "-", input=burst_jobs(namespace, jobs, pods))
+        created, deadline = 0, t0 + 600
+        while created < want and time.monotonic() < deadline:
+            time.sleep(0.25)
+            created = _pod_count(cp, namespace)
+        took = time.monotonic() - t0
+        cpu1 = apiserver._cpu(pids)
+        after = apiserver.admission_metrics(cp)
+    finally:
+        # Jobs first (orphaning), or their controller would recreate the pods being deleted.
+        cp.kubectl(
+            "delete", "--raw", f"/apis/batch/v1/namespaces/{namespace}/jobs?propagationPolicy=Orphan", check=False
+        )
+        apiserver._cleanup(cp, namespace)
+    calls = {}
+    for who, (s1, c1) in after.items():
+        s0, c0 = before.get(who, (0.0, 0.0))
+        if c1 > c0:
+            calls[who] = {"calls": int(c1 - c0), "mean_ms": round((s1 - s0) / (c1 - c0) * 1000, 3)}
+    hook = apiserver.hook_figures(config, pids, calls)
+    if hook.get("reviews") and hook["process"] in cpu0:
+        hook["cpu_ms_per_review"] = round((cpu1[hook["process"]] - cpu0[hook["process"]]) / hook["reviews"] * 1000, 3)
+    load = common.loadavg()
+    res = {
+        "jobs": jobs,
+        "pods_wanted": want,
+        "pods_created": created,
+        "seconds": round(took, 3),
+        "pods_per_s": round(created / took, 1) if took else None,
+        "cpu_ms_per_pod": {n: round((cpu1[n] - cpu0[n]) / max(created, 1) * 1000, 3) for n in cpu1 if n in cpu0},
+        "admission": calls,
+        "hook": hook,
+        "loadavg": load[0] if load else None,
+    }
+    common.say(
+        f"  burst {config:>10}: {created}/{want} pods in {res['seconds']} s ({res['pods_per_s']} pods/s), "
+        f"API-server CPU {res['cpu_ms_per_pod'].get('kube-apiserver')} ms/pod, hook {hook} (load {res['loadavg']})"
+    )
+    return res
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    names, missing = available()
+    for why in missing.values():
+        common.say(f"peers: left out: {why}")
+    result = apiserver.run(
+        quick=quick,
+        placement="shared",
+        only=CONFIGS,
+        only_loads=LOADS,
+        peer_names=names,
+        burst=lambda cp, configs, config, cpus: burst(cp, configs, config, cpus, quick=quick),
+    )
+    result["part"] = "peers"
+    result["left_out"] = missing
+    result["burst_summary"] = summarize_bursts(result.get("bursts", {}))
+    report_bursts(result["burst_summary"])
+    return result
+
+
+def summarize_bursts(bursts: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for config, rs in bursts.items():
+
+        def med(get: Any, rs: list[dict[str, Any]] = rs) -> Any:
+            values = [v for v in (get(r) for r in rs) if v is not None]
+            return common.rnd(common.median(values), 3) if values else None
+
+        out[config] = {
+            "jobs": rs[0]["jobs"],
+            "pods": rs[0]["pods_wanted"],
+            "seconds": med(lambda r: r["seconds"]),
+            "pods_per_s": med(lambda r: r["pods_per_s"]),
+            "apiserver_cpu_ms_per_pod": med(lambda r: r["cpu_ms_per_pod"].get("kube-apiserver")),
+            "controller_manager_cpu_ms_per_pod": med(lambda r: r["cpu_ms_per_pod"].get("kube-controller-manager")),
+            "hook_cpu_ms_per_review": med(lambda r: r["hook"].get("cpu_ms_per_review")),
+            "hook_rss_mib": med(lambda r: r["hook"].get("rss_mib")),
+            "all_created": all(r["pods_created"] >= r["pods_wanted"] for r in rs),
+            "seconds_runs": [r["seconds"] for r in rs],
+            "loadavg_runs": [r["loadavg"] for r in rs],
+        }
     return out
 
 
-def as_list(items: list[Json]) -> Json:
-    return {"apiVersion": "v1", "kind": "List", "items": items}
+def report_bursts(summary: dict[str, dict[str, Any]]) -> None:
+    if not summary:
+        return
+    headers = ["config", "seconds", "pods/s", "CPU ms/pod apiserver", "CPU ms/pod controller-manager",
+               "CPU ms/review webhook", "RSS MiB webhook", "all created", "seconds of runs"]  # fmt: skip
+    rows = [
+        [c, s["seconds"], s["pods_per_s"], s["apiserver_cpu_ms_per_pod"], s["controller_manager_cpu_ms_per_pod"],
+         s["hook_cpu_ms_per_review"] or "–", s["hook_rss_mib"] or "–", s["all_created"],
+         "/".join(f"{x:.1f}" for x in s["seconds_runs"])]
+        for c, s in summary.items()
+    ]  # fmt: skip
+    first = next(iter(summary.values()))
+    common.say(f"burst: {first['jobs']} Indexed Jobs, {first['pods']} pods in all, applied at once, until all exist")
+    common.say(common.table(headers, rows))
 
 
-# A pod every peer's policies deny (gpu-admission-annotations: an unknown key): whose denial it gets tells which
-# admission controller is in effect.
-PROBE: Json = {
-    "apiVersion": "v1",
-    "kind": "Pod",
-    "metadata": {"name": "peer-probe", "namespace": "default", "annotations": {"gpu-admission.io/gpu-memroy": "1Gi"}},
-    "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-}
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 90.0, interval: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
-class Peer:
-    """A peer admission controller: a local process plus its registration on the control plane."""
-
-    name = ""
-    version = ""
-    webhook_marker = ""  # a substring of every webhook name it registers (API server metrics label)
-
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
-        self.workdir = Path(cp.workdir) / f"peer-{self.name}"
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.tls = make_certs(self.workdir / "tls")
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = self.workdir / "peer.log"
-        self.configs: list[Json] = []
-        self.active = False
-
-    @classmethod
-    def binary(cls) -> Path:
-        raise NotImplementedError
-
-    @classmethod
-    def missing(cls) -> str:
-        """'' when the peer can run here, else why not (a printed skip reason)."""
-        if not os.access(cls.binary(), os.X_OK):
-            return f"{cls.name} {cls.version}: {cls.binary()} is not built (run {BUILD_SCRIPT})"
-        return ""
-
-    @property
-    def ca_b64(self) -> str:
-        import base64
-
-        return base64.b64encode((self.tls / "ca.crt").read_bytes()).decode()
-
-    def _spawn(self, args: list[str], env: dict[str, str]) -> None:
-        from tests.serverproc import _die_with_parent
-
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [str(self.binary()), *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(self.cp.kubeconfig), **env},
-                preexec_fn=_die_with_parent,
-            )
-
-    def log_tail(self, n: int = 15) -> str:
-        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
-        return "\n".join(line[:400] for line in lines[-n:])
-
-    def check_alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
-
-    def apply(self, items: list[Json], *extra: str) -> None:
-        self.cp.kubectl("apply", *extra, "-f", "-", input=as_list(items))
-
-    def activate(self) -> None:
-        self.apply(self.configs)
-        self.active = True
-
-    def deactivate(self) -> None:
-        for cfg in self.configs:
-            self.cp.kubectl("delete", cfg["kind"].lower(), cfg["metadata"]["name"], "--ignore-not-found")
-        self.active = False
-
-    def effective(self) -> bool:
-        """Is the peer answering the API server now (its denial of PROBE)?"""
-        return self.webhook_marker in self.denies(PROBE)
-
-    def wait_effective(self, timeout: float = 60.0) -> None:
-        """The API server picks configurations up asynchronously: dry-run PROBE until the peer denies it."""
-        wait_for(lambda: self.check_alive() is None and self.effective(), f"{self.name} to take effect", timeout)
-
-    def stop(self) -> None:
-        self.deactivate()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def denies(self, obj: Json) -> str:
-        """The API server's denial of a server-side dry-run create of `obj` ('' when it would be created)."""
-        r = self.cp.kubectl("create", "--dry-run=server", "-f", "-", input=obj, check=False)
-        return "" if r.returncode == 0 else (r.stderr or r.stdout)
-
-
-class Gatekeeper(Peer):
-    """Gatekeeper's manager (one process: the controller-manager's webhook and mutation operations, plus the
-    audit pod's generate and status operations that make constraint CRDs; not audit itself, a periodic scan
-    that is not on the admission path)."""
-
-    name = "gatekeeper"
-    version = GATEKEEPER_VERSION
-    webhook_marker = "gatekeeper.sh"
-    namespace = "gatekeeper-system"
-    pod = "gatekeeper-local"
-
-    @classmethod
-    def binary(cls) -> Path:
-        return CACHE / f"gatekeeper-{cls.version}" / "gatekeeper"
-
-    @classmethod
-    def manifest(cls) -> Path:
-        return gomodcache() / f"github.com/open-policy-agent/gatekeeper/v3@{cls.version}" / "deploy" / "gatekeeper.yaml"
-
-    def start(self) -> Gatekeeper:
-        docs = load_yaml(self.manifest())
-        self.apply([d for d in docs if d["kind"] in ("Namespace", "CustomResourceDefinition")], "--server-side")
-        # Status objects are owned by the manager's own Pod (POD_NAME): a Pod object that no scheduler serves
-        # stands for it, with the security context the namespace's restricted Pod Security level demands.
-        self.apply([self._placeholder_pod()])
-        health = free_port()
-        self._spawn(
-            [
-                f"--port={self.port}",
-                "--host=127.0.0.1",
-                "--logtostderr",
-                f"--exempt-namespace={self.namespace}",
-                "--operation=webhook",
-                "--operation=mutation-webhook",
-                "--operation=generate",
-                "--operation=status",
-                "--operation=mutation-status",
-                "--disable-opa-builtin={http.send}",
-                f"--cert-dir={self.tls}",
-                "--disable-cert-rotation",
-                f"--health-addr=127.0.0.1:{health}",
-                "--metrics-addr=0",
-                "--shutdown-delay=0",
-            ],
-            {"POD_NAMESPACE": self.namespace, "POD_NAME": self.pod, "NAMESPACE": self.namespace},
-        )
-        wait_for(lambda: self._ready(health), f"gatekeeper /readyz ({self.log})")
-        self.configs = local_webhooks(
-            [d for d in docs if d["kind"].endswith("WebhookConfiguration")],
-            f"https://127.0.0.1:{self.port}",
-            self.ca_b64,
-        )
-        self._install_policies()
-        return self
-
-    def _placeholder_pod(self) -> Json:
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": self.pod, "namespace": self.namespace},
-            "spec": {
-                "schedulerName": "gpu-admission-bench-unscheduled",
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": 1000,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                "containers": [
-                    {
-                        "name": "manager",
-                        "image": f"openpolicyagent/gatekeeper:{self.version}",
-                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                    }
-                ],
-            },
-        }
-
-    def _ready(self, health: int) -> bool:
-        self.check_alive()
-        import httpx
-
-        try:
-            return httpx.get(f"http://127.0.0.1:{health}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def _install_policies(self) -> None:
-        """Templates first; their constraint kinds exist once the manager has made the CRDs."""
-        templates = load_yaml(POLICIES / "gatekeeper.yaml")
-        self.apply(templates)
-        kinds = {t["spec"]["crd"]["spec"]["names"]["kind"].lower() for t in templates}
-
-        def served() -> bool:
-            self.check_alive()
-            names = self.cp.kubectl("get", "crd", "-o", "name").stdout
-            return all(f"/{k}.constraints.gatekeeper.sh" in names for k in kinds)
-
-        wait_for(served, "gatekeeper to create the constraint CRDs of its templates")
-        rest = load_yaml(POLICIES / "gatekeeper-constraints.yaml")
-        wait_for(lambda: self.cp.kubectl("apply", "-f", "-", input=as_list(rest), check=False).returncode == 0,
-                 "the constraints to be accepted", interval=1.0)  # fmt: skip
-
-
-PEERS: dict[str, type[Peer]] = {"gatekeeper": Gatekeeper}
+def report(result: dict[str, Any]) -> None:
+    for why in result.get("left_out", {}).values():
+        common.say(f"left out: {why}")
+    apiserver.report(result)
+    report_bursts(result.get("burst_summary", {}))

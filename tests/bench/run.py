@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from tests.bench import common
 
-PARTS = ("engine", "server", "apiserver", "apiprofile", "scale", "placement")
+PARTS = ("engine", "server", "apiserver", "apiprofile", "scale", "placement", "peers")
+ALL = PARTS[:-1]  # `all`: peers only when named (it needs scripts/peers/build.sh and runs ~40 min)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--loads", default="", help="apiserver: loads to measure, comma-separated LOADS keys "
                     "(e.g. 20,20@100/s; default all)")  # fmt: skip
     ns = ap.parse_args(argv)
-    parts = PARTS if ns.part == "all" else (ns.part,)
+    parts = ALL if ns.part == "all" else (ns.part,)
     from tests.bench import variants
 
     try:
@@ -97,6 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 only_loads=tuple(ns.loads.split(",")) if ns.loads else apiserver.CONCURRENCY,
             )
             path = common.write_json("apiserver" + suffix, result)
+        elif part == "peers":
+            from tests.bench import peers
+
+            result = peers.run(quick=ns.quick)
+            path = common.write_json("peers", result)
         elif part == "placement":
             from tests.bench import placement
 

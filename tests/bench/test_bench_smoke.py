@@ -122,6 +122,37 @@ def test_apiserver_quick(out_dir: Path) -> None:
 
 
 @pytest.mark.e2e
+def test_peers_quick(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The peers part: each built peer measured beside ours (its own webhooks called, nobody else's); a peer
+    that is not built is left out with the reason printed (scripts/peers/build.sh), never silently."""
+    from tests.bench import peers
+
+    built, missing = peers.available()
+    assert run.main(["peers", "--quick"]) == 0
+    data = _load(out_dir, "peers")
+    assert set(data["left_out"]) == set(missing)
+    out = capsys.readouterr().out
+    for why in missing.values():
+        assert f"left out: {why}" in out
+    results = data["placements"]["shared"]["results"]
+    assert set(results) == {"none", "noop", "webhook", "native", *built}
+    for config, by_load in results.items():
+        for clients, r in by_load.items():
+            assert r["errors"] == 0, (config, clients)
+            calls = r["runs"][0]["admission"]
+            for peer in built:
+                marker = "gatekeeper.sh" if peer == "gatekeeper" else "kyverno"
+                assert any(marker in k for k in calls) == (config == peer), (config, calls)
+            if config in built:
+                assert not any("gpu-admission.io" in k for k in calls), calls
+                assert r["hook_rss_mib"] > 0 and r["runs"][0]["hook"]["reviews"] >= r["runs"][0]["ok"]
+    bursts = data["burst_summary"]
+    assert set(bursts) == set(results)
+    for config, b in bursts.items():
+        assert b["all_created"] and b["pods"] == b["jobs"] * peers.QUICK_BURST[1], (config, b)
+
+
+@pytest.mark.e2e
 def test_apiprofile_quick(out_dir: Path) -> None:
     assert run.main(["apiprofile", "--quick"]) == 0
     data = _load(out_dir, "apiprofile")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.bench import peers
+from tests.bench import peerinstall as peers
 from tests.e2e import crds
 from tests.e2e.cluster import DEFAULT_NODES_FILE, ControlPlane, build_binaries
 
