@@ -586,12 +586,13 @@ def run(
     only_loads: tuple[str, ...] = CONCURRENCY,
     peer_names: tuple[str, ...] = (),
     burst: Any = None,
+    reps: int | None = None,
 ) -> dict[str, Any]:
     """`only`: the configurations to measure (none and webhook always); `only_loads`: the LOADS keys;
     `peer_names`: peers to install and measure too (tests/bench/peerinstall.py); `burst(cp, configs, config, cpus)`:
     one more measurement per configuration and repetition after the loads (the peers part's Job burst)."""
     chosen = tuple(c for c in ALL_CONFIGS if c in ("none", "webhook") or c in only or c in peer_names)
-    reps = 1 if quick else 3
+    reps = reps or (1 if quick else 3)
     counts = (
         {"1": 20, "20": 100, "100": 200, "20@100/s": 50}
         if quick

@@ -159,16 +159,19 @@ class Peer:
         """The API server picks configurations up asynchronously: dry-run PROBE until the peer denies it."""
         wait_for(lambda: self.check_alive() is None and self.effective(), f"{self.name} to take effect", timeout)
 
-    def stop(self) -> None:
-        self.deactivate()
+    def _terminate(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(20)
+                self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
         self.proc = None
+
+    def stop(self) -> None:
+        self.deactivate()
+        self._terminate()
 
     def denies(self, obj: Json) -> str:
         """The API server's denial of a server-side dry-run create of `obj` ('' when it would be created)."""
@@ -279,4 +282,96 @@ class Gatekeeper(Peer):
                  "the constraints to be accepted", interval=1.0)  # fmt: skip
 
 
-PEERS: dict[str, type[Peer]] = {"gatekeeper": Gatekeeper}
+class Kyverno(Peer):
+    """Kyverno's admission controller, with the release manifest's arguments (config/install-latest-testing.yaml)
+    except where it runs out of cluster: `--serverIP` on loopback (Kyverno's own out-of-cluster mode: its webhook
+    configurations get a URL client config, its certificate an IP SAN), and admission reports off (the reports
+    controller that consumes them does not run here; on, they pile up to maxAdmissionReports and then stop,
+    which would make later runs cheaper than earlier ones).
+
+    Kyverno registers its webhook configurations itself, from its policies (no manifest carries them), and its
+    webhook controller puts them back while it runs: it is only running while measured — `activate` starts
+    it, `deactivate` stops it and deletes the configurations it made."""
+
+    name = "kyverno"
+    version = KYVERNO_VERSION
+    webhook_marker = "kyverno.svc"
+    namespace = "kyverno"
+    pod = "kyverno-local"
+    managed = "webhook.kyverno.io/managed-by=kyverno"
+    # The release manifest's arguments replaced for a process on loopback.
+    overrides = ("serverIP", "servicePort", "webhookServerPort", "webhookServerHost", "metricsPort",
+                 "controllerRuntimeMetricsAddress", "admissionReports", "kubeconfig")  # fmt: skip
+
+    @classmethod
+    def binary(cls) -> Path:
+        return CACHE / f"kyverno-{cls.version}" / "kyverno"
+
+    @classmethod
+    def manifest(cls) -> Path:
+        return gomodcache() / f"github.com/kyverno/kyverno@{cls.version}" / "config" / "install-latest-testing.yaml"
+
+    def start(self) -> Kyverno:
+        docs = load_yaml(self.manifest())
+        self.apply([d for d in docs if d["kind"] in ("Namespace", "CustomResourceDefinition")], "--server-side")
+        self.apply([d for d in docs if d["kind"] == "ConfigMap"])
+        deployment = next(
+            d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "kyverno-admission-controller"
+        )
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        kept = [a for a in container["args"] if a.lstrip("-").split("=", 1)[0] not in self.overrides]
+        self.args = [
+            *kept,
+            f"--serverIP=127.0.0.1:{self.port}",
+            f"--servicePort={self.port}",
+            f"--webhookServerPort={self.port}",
+            "--webhookServerHost=127.0.0.1",
+            f"--metricsPort={free_port()}",
+            "--controllerRuntimeMetricsAddress=0",
+            "--admissionReports=false",
+            f"--kubeconfig={self.cp.kubeconfig}",
+        ]
+        self.env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        self.env.update(KYVERNO_NAMESPACE=self.namespace, KYVERNO_POD_NAME=self.pod,
+                        TUF_ROOT=str(self.workdir / "sigstore"))  # fmt: skip
+        self._run()
+        self.apply(load_yaml(POLICIES / "kyverno.yaml"))
+        wait_for(self._policies_ready, "kyverno to make its policies ready")
+        self.wait_effective()
+        self.active = True
+        return self
+
+    def _policies_ready(self) -> bool:
+        self.check_alive()
+        items = self.cp.get_json("clusterpolicies.kyverno.io")["items"]
+        return bool(items) and all(
+            any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in i.get("status", {}).get("conditions", [])
+            )
+            for i in items
+        )
+
+    def _registered(self) -> bool:
+        self.check_alive()
+        names = self.cp.kubectl("get", "validatingwebhookconfigurations", "-l", self.managed, "-o", "name").stdout
+        return bool(names.strip())
+
+    def _run(self) -> None:
+        if self.proc is None:
+            self._spawn(self.args, self.env)
+        wait_for(self._registered, f"kyverno to register its webhooks ({self.log})", timeout=180)
+
+    def activate(self) -> None:
+        self._run()
+        self.wait_effective()
+        self.active = True
+
+    def deactivate(self) -> None:
+        self._terminate()
+        for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
+            self.cp.kubectl("delete", kind, "-l", self.managed, "--ignore-not-found")
+        self.active = False
+
+
+PEERS: dict[str, type[Peer]] = {"gatekeeper": Gatekeeper, "kyverno": Kyverno}

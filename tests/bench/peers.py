@@ -123,7 +123,7 @@ def burst(cp: Any, configs: Any, config: str, cpus: str | None, quick: bool = Fa
     return res
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     names, missing = available()
     for why in missing.values():
         common.say(f"peers: left out: {why}")
@@ -133,6 +133,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         only=CONFIGS,
         only_loads=LOADS,
         peer_names=names,
+        reps=reps,
         burst=lambda cp, configs, config, cpus: burst(cp, configs, config, cpus, quick=quick),
     )
     result["part"] = "peers"

@@ -38,7 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(none and webhook always run; default all)")  # fmt: skip
     ap.add_argument("--loads", default="", help="apiserver: loads to measure, comma-separated LOADS keys "
                     "(e.g. 20,20@100/s; default all)")  # fmt: skip
+    ap.add_argument("--reps", type=int, default=None, help="apiserver, peers: repetitions (default 3; --quick 1)")
     ns = ap.parse_args(argv)
+    if ns.reps is not None and ns.reps < 1:
+        ap.error(f"--reps must be 1 or more, not {ns.reps}")
     parts = ALL if ns.part == "all" else (ns.part,)
     from tests.bench import variants
 
@@ -96,12 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 placement=ns.placement,
                 only=tuple(ns.configs.split(",")) if ns.configs else apiserver.CONFIGS,
                 only_loads=tuple(ns.loads.split(",")) if ns.loads else apiserver.CONCURRENCY,
+                reps=ns.reps,
             )
             path = common.write_json("apiserver" + suffix, result)
         elif part == "peers":
             from tests.bench import peers
 
-            result = peers.run(quick=ns.quick)
+            result = peers.run(quick=ns.quick, reps=ns.reps)
             path = common.write_json("peers", result)
         elif part == "placement":
             from tests.bench import placement
