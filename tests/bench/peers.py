@@ -123,7 +123,7 @@ def burst(cp: Any, configs: Any, config: str, cpus: str | None, quick: bool = Fa
     return res
 
 
-def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
+def run(quick: bool = False, reps: int | None = None, loads: tuple[str, ...] = LOADS) -> dict[str, Any]:
     names, missing = available()
     for why in missing.values():
         common.say(f"peers: left out: {why}")
@@ -131,7 +131,7 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
         quick=quick,
         placement="shared",
         only=CONFIGS,
-        only_loads=LOADS,
+        only_loads=tuple(k for k in LOADS if k in loads),
         peer_names=names,
         reps=reps,
         burst=lambda cp, configs, config, cpus: burst(cp, configs, config, cpus, quick=quick),

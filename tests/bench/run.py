@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--configs", default="", help="apiserver: configurations to measure, comma-separated "
                     "(none and webhook always run; default all)")  # fmt: skip
-    ap.add_argument("--loads", default="", help="apiserver: loads to measure, comma-separated LOADS keys "
+    ap.add_argument("--loads", default="", help="apiserver, peers: loads to measure, comma-separated LOADS keys "
                     "(e.g. 20,20@100/s; default all)")  # fmt: skip
     ap.add_argument("--reps", type=int, default=None, help="apiserver, peers: repetitions (default 3; --quick 1)")
     ns = ap.parse_args(argv)
@@ -105,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif part == "peers":
             from tests.bench import peers
 
-            result = peers.run(quick=ns.quick, reps=ns.reps)
+            result = peers.run(
+                quick=ns.quick, reps=ns.reps, loads=tuple(ns.loads.split(",")) if ns.loads else peers.LOADS
+            )
             path = common.write_json("peers", result)
         elif part == "placement":
             from tests.bench import placement
