@@ -221,6 +221,7 @@ class Gatekeeper(Peer):
                 "--disable-cert-rotation",
                 f"--health-addr=127.0.0.1:{health}",
                 "--metrics-addr=0",
+                f"--prometheus-port={free_port()}",  # 8888 by default: a second instance could not start
                 "--shutdown-delay=0",
             ],
             {"POD_NAMESPACE": self.namespace, "POD_NAME": self.pod, "NAMESPACE": self.namespace},
