@@ -356,11 +356,25 @@ def test_overload_answers_fast_and_never_hangs() -> None:
     """More simultaneous clients than --max-inflight: the excess is refused at once (503 from uvicorn's
     concurrency limit, or 429 from ours), everything is answered, and the server keeps serving."""
     srv = ServerProcess("--max-inflight", "4")
-    start = threading.Barrier(48)
+    # A timeout and abort(): one client that cannot connect (a loaded machine) must fail the test, never leave
+    # the other 47 waiting on the barrier for good.
+    start = threading.Barrier(48, timeout=60)
+
+    def connected(c: Any) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                c.get("/healthz")  # connect first, so all 48 requests land together
+                return
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    start.abort()
+                    raise
+                time.sleep(0.2)
 
     def one(i: int) -> tuple[int, float]:
         with srv.client(timeout=10) as c:
-            c.get("/healthz")  # connect first, so all 48 requests land together
+            connected(c)
             start.wait()
             t0 = time.monotonic()
             r = post(c, "/validate", review(pod(name=f"o{i}", labels={}, gpus=1), uid=f"o{i}"))
