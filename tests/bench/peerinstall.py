@@ -336,7 +336,11 @@ class Kyverno(Peer):
         self.env.update(KYVERNO_NAMESPACE=self.namespace, KYVERNO_POD_NAME=self.pod,
                         TUF_ROOT=str(self.workdir / "sigstore"))  # fmt: skip
         self._run()
-        self.apply(load_yaml(POLICIES / "kyverno.yaml"))
+        # Kyverno registers its policy webhook before its serving certificate is ready: the first applies can
+        # fail with "remote error: tls: internal error" (seen in CI), so apply until one is accepted.
+        policies = as_list(load_yaml(POLICIES / "kyverno.yaml"))
+        wait_for(lambda: self.cp.kubectl("apply", "-f", "-", input=policies, check=False).returncode == 0,
+                 "kyverno to accept its policies (its webhook's certificate ready)")  # fmt: skip
         wait_for(self._policies_ready, "kyverno to make its policies ready")
         self.wait_effective()
         self.active = True
