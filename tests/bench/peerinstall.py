@@ -142,6 +142,17 @@ class Peer:
     def apply(self, items: list[Json], *extra: str) -> None:
         self.cp.kubectl("apply", *extra, "-f", "-", input=as_list(items))
 
+    def apply_until_accepted(self, items: list[Json], what: str) -> None:
+        """Apply until the API server accepts: objects whose kind or validating webhook the peer is still
+        bringing up (CRDs it makes, a serving certificate not ready yet) are refused for a while."""
+        body = as_list(items)
+
+        def accepted() -> bool:
+            self.check_alive()
+            return self.cp.kubectl("apply", "-f", "-", input=body, check=False).returncode == 0
+
+        wait_for(accepted, what, interval=1.0)
+
     def activate(self) -> None:
         self.apply(self.configs)
         self.active = True
@@ -278,9 +289,7 @@ class Gatekeeper(Peer):
             return all(f"/{k}.constraints.gatekeeper.sh" in names for k in kinds)
 
         wait_for(served, "gatekeeper to create the constraint CRDs of its templates")
-        rest = load_yaml(POLICIES / "gatekeeper-constraints.yaml")
-        wait_for(lambda: self.cp.kubectl("apply", "-f", "-", input=as_list(rest), check=False).returncode == 0,
-                 "the constraints to be accepted", interval=1.0)  # fmt: skip
+        self.apply_until_accepted(load_yaml(POLICIES / "gatekeeper-constraints.yaml"), "the constraints to be accepted")
 
 
 class Kyverno(Peer):
@@ -337,10 +346,9 @@ class Kyverno(Peer):
                         TUF_ROOT=str(self.workdir / "sigstore"))  # fmt: skip
         self._run()
         # Kyverno registers its policy webhook before its serving certificate is ready: the first applies can
-        # fail with "remote error: tls: internal error" (seen in CI), so apply until one is accepted.
-        policies = as_list(load_yaml(POLICIES / "kyverno.yaml"))
-        wait_for(lambda: self.cp.kubectl("apply", "-f", "-", input=policies, check=False).returncode == 0,
-                 "kyverno to accept its policies (its webhook's certificate ready)")  # fmt: skip
+        # fail with "remote error: tls: internal error" (seen in CI).
+        self.apply_until_accepted(load_yaml(POLICIES / "kyverno.yaml"),
+                                  "kyverno to accept its policies (its webhook's certificate ready)")  # fmt: skip
         wait_for(self._policies_ready, "kyverno to make its policies ready")
         self.wait_effective()
         self.active = True
