@@ -54,6 +54,18 @@ def slim_spec(obj: Any) -> JSON | None:
     return {"kind": obj.get("kind"), "metadata": _meta(obj), "spec": obj.get("spec")}
 
 
+def slim_class(obj: Any) -> JSON | None:
+    """A DeviceClass cut to metadata and spec, keeping its labels: gpu-admission's generated classes are known by
+    one (policies/dra.py TIER_LABEL). Classes are few and cluster-scoped: their labels cost nothing."""
+    slim = slim_spec(obj)
+    if slim is None:
+        return None
+    labels = _mapping(_mapping(obj.get("metadata")).get("labels"))
+    if labels:
+        slim["metadata"]["labels"] = dict(labels)
+    return slim
+
+
 # Set on the claim the scheduler makes for a pod's DRA extended resources (kept: policies/dra.py skips it).
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 

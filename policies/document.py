@@ -46,6 +46,7 @@ MUTATION_IDS = (
     "inference-spread",
     "inference-group",
     "gpu-slice",
+    "gpu-memory-class",
     "online-exclusive",
     "gpu-toleration",
     "scheduler-queue",

@@ -44,6 +44,12 @@ class Offer:
     # Published by a DRA driver under a name no DeviceClass serves as an extended resource: pods can claim
     # such devices, never ask them by this name (gpu-slice must not rewrite a container to it).
     claim_only: bool = False
+    # Published by a DRA driver's ResourceSlices (not the Node's allocatable): a DeviceClass can select it by
+    # memory or MIG profile, device by device (gpu-memory-class).
+    dra: bool = False
+    # A DRA whole-GPU offer: the largest capacity `memory` the slices publish (what a class's CEL compares),
+    # 0 when none parses. `memory_bytes` keeps the nominal reading the other offers are ranked by.
+    device_memory: int = 0
 
 
 @dataclass(frozen=True, slots=True)  # slots: 50,000 of them, a dict each would be ~30 MB
@@ -439,25 +445,41 @@ def node_from_object(
     if not resources and devices is None:  # a DRA node's GPUs are what its slices publish, not its labels
         resources = _resources_from_labels(labels, sharing, mig_strategy)
     claim_only: frozenset[str] = frozenset()
+    published: frozenset[str] = frozenset()
     if devices is not None:
-        claim_only = frozenset(devices.resources) - set(resources) - served
+        published = frozenset(devices.resources) - set(resources)
+        claim_only = published - served
         resources = {**devices.resources, **resources}
     if not resources and labels.get("nvidia.com/gpu.present") != "true":
         return None
     pool = next((p.name for p in pools if all(labels.get(k) == v for k, v in p.node_selector.items())), None)
     parted = gpulabels.partitioned(labels, info.mig_profile if info else None, resources)
     built = _build(
-        name, labels, product, info, sharing, mig_strategy, resources, pool, partitioned=parted, claim_only=claim_only
+        name,
+        labels,
+        product,
+        info,
+        sharing,
+        mig_strategy,
+        resources,
+        pool,
+        partitioned=parted,
+        claim_only=claim_only,
+        published=published,
     )
-    if devices is not None and devices.memory_bytes > built.memory_bytes:
-        return _with_memory(built, devices.memory_bytes)
+    if devices is not None:
+        return _with_devices(built, devices.memory_bytes)
     return built
 
 
-def _with_memory(n: GpuNode, memory: int) -> GpuNode:
-    """The node with the card memory the DRA driver reports (capacity `memory`) on its whole-GPU offers."""
+def _with_devices(n: GpuNode, device_memory: int) -> GpuNode:
+    """The node with the card memory the DRA driver reports (capacity `memory`) on its whole-GPU offers: as
+    their memory when larger than the nominal one, and as what a DeviceClass's memory selector compares."""
+    memory = max(n.memory_bytes, device_memory)
     offers = tuple(
-        _shared_offer(Offer(o.resource, o.count, memory, o.compute, o.kind, o.profile, o.claim_only))
+        _shared_offer(
+            Offer(o.resource, o.count, memory, o.compute, o.kind, o.profile, o.claim_only, o.dra, device_memory)
+        )
         if o.kind == "whole"
         else o
         for o in n.offers
@@ -490,6 +512,7 @@ def _build(
     partitioned: bool,
     declared: bool = False,
     claim_only: frozenset[str] = frozenset(),
+    published: frozenset[str] = frozenset(),
 ) -> GpuNode:
     # Same nominal reading for whole cards: an H100 80GB reports 81559 MiB but is "the 80 GiB GPU".
     gpu_mem = _int_label(labels, "nvidia.com/gpu.memory") * _MIB
@@ -505,7 +528,8 @@ def _build(
             # little smaller, and matching on it would push a `10Gi` ask past the 10gb slice users mean.
             mem = parsed.memory_gb * 2**30
             kind = "shared" if parsed.shared or shared else "mig"
-            offers.append(Offer(resource, count, mem, parsed.compute, kind, parsed.profile, resource in claim_only))
+            only, dra = resource in claim_only, resource in published
+            offers.append(Offer(resource, count, mem, parsed.compute, kind, parsed.profile, only, dra))
         elif resource == GPU and mig_strategy == "single" and info and info.mig_profile:
             p = mig.parse_mig_resource(mig.resource_name(info.mig_profile))
             mem = p.memory_gb * 2**30 if p else 0
@@ -513,7 +537,9 @@ def _build(
                                 info.mig_profile))  # fmt: skip
         elif resource in (GPU, GPU_SHARED):
             kind = "shared" if shared or resource == GPU_SHARED else "whole"
-            offers.append(Offer(resource, count, gpu_mem, 0, kind, claim_only=resource in claim_only))
+            offers.append(
+                Offer(resource, count, gpu_mem, 0, kind, claim_only=resource in claim_only, dra=resource in published)
+            )
             if kind == "whole":
                 whole = count
     return GpuNode(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies import comm, placement, podviews, userkeys
+from policies.dra import EXTENDED_PREFIX, DeviceClass
 from policies.inventory import NodeSet, Offer
 from policies.patch import clone
 from policies.resources import GPU
@@ -114,6 +115,25 @@ def _add_to_list(pod: Json, keys: tuple[str, ...], item: Json) -> bool:
 # --- the mutations -------------------------------------------------------------------------------------
 
 
+def gpu_memory_class(s: Subject, p: Pod) -> bool:
+    """gpu-memory-class: where a DRA driver publishes the GPUs, a container asking exactly one `nvidia.com/gpu` in
+    a pod annotated with `gpu-admission.io/gpu-memory` gets `deviceclass.resource.kubernetes.io/<class>: 1` of the
+    best-fit DeviceClass `gpu-admission policy deviceclasses` generated: the MIG profile, or the whole-GPU memory
+    tier, whose devices the slices offer (checklist 3: the smallest slice that fits). A device-plugin offer that
+    fits as well keeps the pod on gpu-slice's path."""
+    ask = p.keys.gpu_memory
+    if ask is None or s.inventory.empty or not settable(p, "containers"):
+        return False
+    tiers = s.inventory.classes.tiers
+    if not tiers:
+        return False
+    online = p.workload == "inference" and p.latency == "online"
+    cls = choose_class(p.candidates(s.inventory), tiers, ask, allow_shared=not online)
+    if cls is None:
+        return False
+    return _swap_gpu(p, EXTENDED_PREFIX + cls.name) is not None
+
+
 def gpu_slice(s: Subject, p: Pod) -> bool:
     """gpu-slice: a container asking for exactly one `nvidia.com/gpu` in a pod annotated with
     `gpu-admission.io/gpu-memory` gets the smallest GPU slice that covers the ask (MIG mixed resource,
@@ -127,6 +147,15 @@ def gpu_slice(s: Subject, p: Pod) -> bool:
     if best is None:
         return False
     offer, nodes = best
+    if _swap_gpu(p, offer.resource) is None:
+        return False
+    added = add_node_expressions(p.pod, [_select_nodes(nodes)])
+    return added or offer.resource != GPU
+
+
+def _swap_gpu(p: Pod, resource: str) -> bool | None:
+    """Every container whose only `nvidia.com/` ask is one `nvidia.com/gpu` asks `resource` instead (limits and
+    requests). None: no container asks that; else whether anything changed."""
     eligible = False
     for c in containers(p.pod):
         res = c.get("resources")
@@ -136,15 +165,12 @@ def gpu_slice(s: Subject, p: Pod) -> bool:
         if str(limits[GPU]) != "1" or not isinstance(res, dict):
             continue
         eligible = True
-        if offer.resource != GPU:
+        if resource != GPU:
             for key in ("limits", "requests"):
                 section = res.get(key)
                 if isinstance(section, dict) and GPU in section:
-                    section[offer.resource] = section.pop(GPU)
-    if not eligible:
-        return False
-    added = add_node_expressions(p.pod, [_select_nodes(nodes)])
-    return added or offer.resource != GPU
+                    section[resource] = section.pop(GPU)
+    return (resource != GPU) if eligible else None
 
 
 def settable(p: Pod, key: str) -> bool:
@@ -175,6 +201,35 @@ def choose_slice(nodes: NodeSet, ask: int, allow_shared: bool) -> tuple[Offer, N
         if _same_offer(o, chosen):
             same |= members.mask
     return chosen, NodeSet(nodes.universe, same)
+
+
+def choose_class(nodes: NodeSet, tiers: tuple[DeviceClass, ...], ask: int, allow_shared: bool) -> DeviceClass | None:
+    """The generated DeviceClass gpu-memory-class asks, or None when a device-plugin offer fits as well (gpu-slice
+    keeps it) or no class selects a device that fits. Best fit as choose_slice ranks offers, over the offers gpu-slice
+    may use plus the DRA-published ones a class selects: a MIG device by its profile's class; a whole GPU by the
+    memory tier of smallest floor that still covers the ask and that the node's GPU reaches (its published
+    capacity, not the nominal size: the scheduler compares that)."""
+    best: tuple[tuple[int, int, int, int, str], DeviceClass | None] | None = None
+    for (_, o, mem), _members in nodes.members_of("offer"):
+        if (o.kind == "shared" and not allow_shared) or o.profile.endswith("+me") or mem < ask:
+            continue
+        cls = _tier_for(o, tiers, ask) if o.dra else None
+        if cls is None and o.claim_only:
+            continue
+        # Ties go to the device-plugin offer (gpu-slice's path unchanged), then to the narrower class.
+        key = (mem, o.compute or 99, 0, 0, "") if cls is None else (mem, o.compute or 99, 1, cls.memory, cls.name)
+        if best is None or key < best[0]:
+            best = (key, cls)
+    return best[1] if best is not None else None
+
+
+def _tier_for(o: Offer, tiers: tuple[DeviceClass, ...], ask: int) -> DeviceClass | None:
+    if o.kind == "mig":
+        return next((c for c in tiers if c.kind == "mig" and c.profile == o.profile), None)
+    if o.kind != "whole":
+        return None  # a DRA node labelled time-sliced: sharing under DRA is per claim, not a class
+    floors = [c for c in tiers if c.kind == "gpu" and ask <= c.memory <= o.device_memory]
+    return min(floors, key=lambda c: (c.memory, c.name)) if floors else None
 
 
 def _same_offer(a: Offer, b: Offer) -> bool:
@@ -763,6 +818,7 @@ def _pins_domain(term: Any, fine: frozenset[str]) -> bool:
 def _registry() -> tuple[Mutation, ...]:
     fns: tuple[tuple[str, MutationFn, frozenset[str]], ...] = (
         # Order matters: slices are chosen first, so the pool and exclusivity rules see the final resource.
+        ("gpu-memory-class", gpu_memory_class, frozenset({RESOURCES})),
         ("gpu-slice", gpu_slice, frozenset({RESOURCES, NODE_SELECTION})),
         ("training-pool", training_pool, frozenset({NODE_SELECTION})),
         ("online-exclusive", online_exclusive, frozenset({NODE_SELECTION})),

@@ -23,7 +23,7 @@ from policies.mutations import (
     prefers_domain,
 )
 from policies.quantity import format_bytes
-from policies.resources import GPU, is_mig, is_shared, pod_ask
+from policies.resources import GPU, ContainerAsk, is_mig, is_shared, pod_ask
 from policies.subject import Pod, Subject, meta_map
 from policies.topology import Level, domains_text
 from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, containers, effective_kind, templates
@@ -489,11 +489,7 @@ def gpu_admission_annotations(s: Subject) -> list[Violation]:
     `gpu-admission.io/` key or a value that does not parse."""
     errors = sorted({e for p in s.pods for e in p.keys.errors})
     for p in s.pods:
-        if (
-            p.keys.gpu_memory is not None
-            and p.ask.asks_gpu
-            and not any(len(c.amounts) == 1 and next(iter(c.amounts.values())) == 1 for c in p.ask.containers)
-        ):
+        if p.keys.gpu_memory is not None and p.ask.asks_gpu and not any(_one_unit(p, c) for c in p.ask.containers):
             errors.append(
                 f"annotation gpu-admission.io/gpu-memory on {p.template.role} has no effect: it applies to a "
                 f"container asking exactly one nvidia.com/gpu"
@@ -502,6 +498,13 @@ def gpu_admission_annotations(s: Subject) -> list[Violation]:
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         return [Violation(errors[0] + more, "fix or remove the key (see docs/policy.md for the keys)")]
     return []
+
+
+def _one_unit(p: Pod, c: ContainerAsk) -> bool:
+    """The container asks one GPU unit: one `nvidia.com/` unit in its limits, or (no claims in the pod) one
+    device of a DeviceClass by extended resource, as gpu-memory-class leaves it."""
+    asked = c.claimed if not c.amounts and not p.ask.claim_asks() else c.amounts
+    return len(asked) == 1 and next(iter(asked.values())) == 1
 
 
 def _registry() -> tuple[Rule, ...]:

@@ -39,6 +39,18 @@ def register(sub: Any) -> None:
                    "kube-public, gpu-admission)")  # fmt: skip
     n.add_argument("--explain", action="store_true", help="say per rule and mutation what is generated and why not")
     n.set_defaults(func=_native)
+    dc = psub.add_parser(
+        "deviceclasses",
+        help="print the DeviceClasses gpu-memory asks on a DRA cluster: one per GPU memory size and MIG profile",
+        description="From the NVIDIA DRA driver's ResourceSlices (kubectl get resourceslices -o yaml; Nodes and "
+        "DeviceClasses in the file are ignored): one DeviceClass per distinct whole-GPU memory capacity (CEL: at "
+        "least that much) and one per MIG profile, labelled gpu-admission.io/gpu-memory-tier. Applied, they let "
+        "the gpu-memory-class mutation rewrite a gpu-memory pod's nvidia.com/gpu to the best-fit class "
+        "(docs/policy.md, 'gpu-memory on DRA clusters'). Regenerate when new GPU models or MIG profiles appear.",
+    )
+    dc.add_argument("--nodes", required=True, metavar="FILE",
+                    help="ResourceSlices (and optionally Nodes, DeviceClasses), or - for stdin")  # fmt: skip
+    dc.set_defaults(func=_deviceclasses)
 
 
 def _read(path: str) -> str:
@@ -102,4 +114,22 @@ def _native(args: argparse.Namespace) -> int:
     objects = native.generate(policy, excluded)
     header = f"# gpu-admission policy native ({policy.hash}): {len(objects)} objects; apply with kubectl apply -f -\n"
     sys.stdout.write(header + yaml.safe_dump_all(objects, sort_keys=False, width=120))
+    return 0
+
+
+def _deviceclasses(args: argparse.Namespace) -> int:
+    from policies import dra
+    from webhook.cmd_check import CLUSTER_KINDS, load_kinds
+
+    objects = load_kinds("nodes", args.nodes, CLUSTER_KINDS, "ResourceSlice, Node or DeviceClass")
+    classes = dra.tier_classes(o for o in objects if o.get("kind") == "ResourceSlice")
+    if not classes:
+        print(
+            f"gpu-admission: {args.nodes}: no GPU or MIG device in a {dra.NVIDIA_DRIVER} ResourceSlice: nothing to "
+            "generate",
+            file=sys.stderr,
+        )
+        return 1
+    header = f"# gpu-admission policy deviceclasses: {len(classes)} DeviceClasses; apply with kubectl apply -f -\n"
+    sys.stdout.write(header + yaml.safe_dump_all(classes, sort_keys=False, width=200))
     return 0

@@ -457,7 +457,11 @@ class State:
                 self._snap = Snapshot(s.policy, inv, s.namespaces, s.resolve)
 
         classes = Reflector(
-            client, DRA_PATHS["DeviceClass"], name="deviceclasses", on_change=classes_changed, transform=slim_spec
+            client,
+            DRA_PATHS["DeviceClass"],
+            name="deviceclasses",
+            on_change=classes_changed,
+            transform=cluster_dra.slim_class,
         )
         self._reflectors.append(classes.start())
         if slices:

@@ -9,6 +9,9 @@ This module runs its own Kubernetes 1.37 control plane (tests/e2e/cluster.py LAT
 from __future__ import annotations
 
 import copy
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -299,3 +302,83 @@ def test_extended_resource_pods_through_a_device_class_are_handled_like_device_p
     print(resource, after, allocated_devices(cp, namespace))
     assert len({v.split("/")[0] for v in after.values()}) == 1, f"job crossed racks: {after}"
     assert all(v.split("/")[1].startswith("dra-") and "mig" not in v for v in after.values()), after
+
+
+def memory_pod(name: str, memory: str) -> dict[str, Any]:
+    """A bare pod asking one nvidia.com/gpu with gpu-admission.io/gpu-memory (no claims, no DRA name)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"gpu-admission.io/gpu-memory": memory}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "vllm/vllm-openai:v0.11.0",
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1"}, "requests": {"cpu": "1"}},
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def memory_tiers(dra_cluster: ControlPlane, webhook: Webhook) -> Iterator[list[str]]:
+    """The DeviceClasses `gpu-admission policy deviceclasses` prints for the DRA nodes' slices, applied (and
+    removed afterwards); the webhook's inventory has them once /readyz counts them."""
+    cp = dra_cluster
+    gen = subprocess.run(
+        [sys.executable, "-m", "webhook", "policy", "deviceclasses", "--nodes", str(DRA_FILE)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=True,
+    )
+    names = [o["metadata"]["name"] for o in yaml.safe_load_all(gen.stdout) if o]
+    before = len(cp.get_json("deviceclasses")["items"])
+    cp.kubectl("apply", "-f", "-", input=gen.stdout)
+    assert webhook.server is not None
+    deadline = time.monotonic() + 30
+    with webhook.server.client() as c:
+        while c.get("/readyz").json().get("dra", {}).get("deviceClasses") != before + len(names):
+            assert time.monotonic() < deadline, "the webhook never saw the generated DeviceClasses"
+            time.sleep(0.2)
+    try:
+        yield names
+    finally:
+        cp.kubectl("delete", "deviceclasses", *names, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize(
+    ("memory", "tier", "device"),
+    [
+        ("10Gi", "mig-1g.10gb.gpu-admission.io", r"dra-mig-1/gpu-0-mig-1g10gb-[0-6]"),
+        ("20Gi", "mig-3g.40gb.gpu-admission.io", r"dra-mig-1/gpu-1-mig-3g40gb-[01]"),
+        ("60Gi", "gpu-80gi.gpu-admission.io", r"dra-[a-z0-9-]+/gpu-[0-7]"),
+    ],
+)
+def test_gpu_memory_pod_gets_the_best_fit_device_class_and_the_scheduler_allocates_it(
+    dra_cluster: ControlPlane, webhook: Webhook, memory_tiers: list[str], namespace: str, memory: str, tier: str,
+    device: str,
+) -> None:  # fmt: skip
+    """gpu-memory on a DRA-only cluster: the webhook rewrites nvidia.com/gpu: 1 to the generated class of the
+    best-fit MIG profile or memory tier (deviceclass.resource.kubernetes.io/<class>, KEP-5004, GA in 1.37), and
+    the real scheduler binds the pod with a device that class's CEL selects (MIG slices of the right profile;
+    a whole GPU for 60Gi). Without the webhook the same pod takes a whole 80 GB card through gpu.nvidia.com."""
+    cp = dra_cluster
+    wait_devices(webhook, 5)
+    assert tier in memory_tiers
+    r = apply(cp, namespace, [memory_pod("sized", memory)])
+    assert r.returncode == 0, r.stderr
+    limits = cp.get_json("pod", "sized", "-n", namespace)["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"cpu": "1", f"deviceclass.resource.kubernetes.io/{tier}": "1"}, limits
+    node = cp.wait_for_scheduled(namespace, "sized", timeout=90)
+    got = [
+        f"{r['pool']}/{r['device']}"
+        for claim in cp.get_json("resourceclaims", "-n", namespace)["items"]
+        for r in (claim.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    ]
+    print(memory, tier, node, got)
+    assert len(got) == 1 and re.fullmatch(device, got[0]) and got[0].startswith(f"{node}/"), got
