@@ -121,11 +121,11 @@ def gpu_memory_class(s: Subject, p: Pod) -> bool:
     best-fit DeviceClass `gpu-admission policy deviceclasses` generated: the MIG profile, or the whole-GPU memory
     tier, whose devices the slices offer (checklist 3: the smallest slice that fits). A device-plugin offer that
     fits as well keeps the pod on gpu-slice's path."""
+    tiers = s.inventory.classes.tiers  # first: on a cluster without them (most) nothing else is read
+    if not tiers:
+        return False
     ask = p.keys.gpu_memory
     if ask is None or s.inventory.empty or not settable(p, "containers"):
-        return False
-    tiers = s.inventory.classes.tiers
-    if not tiers:
         return False
     online = p.workload == "inference" and p.latency == "online"
     cls = choose_class(p.candidates(s.inventory), tiers, ask, allow_shared=not online)
