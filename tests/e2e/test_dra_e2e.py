@@ -366,7 +366,7 @@ def test_gpu_memory_pod_gets_the_best_fit_device_class_and_the_scheduler_allocat
     """gpu-memory on a DRA-only cluster: the webhook rewrites nvidia.com/gpu: 1 to the generated class of the
     best-fit MIG profile or memory tier (deviceclass.resource.kubernetes.io/<class>, KEP-5004, GA in 1.37), and
     the real scheduler binds the pod with a device that class's CEL selects (MIG slices of the right profile;
-    a whole GPU for 60Gi). Without the webhook the same pod takes a whole 80 GB card through gpu.nvidia.com."""
+    a whole GPU for 60Gi): the classes' CEL (memory compareTo, profile) runs in the real scheduler."""
     cp = dra_cluster
     wait_devices(webhook, 5)
     assert tier in memory_tiers
