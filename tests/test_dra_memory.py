@@ -300,3 +300,12 @@ def test_the_documented_example_gets_the_3g_40gb_class() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[:2] == ["ALLOW Pod research/notebook [-]", "  mutated  gpu-memory-class (2 patch ops)"]
+
+
+def test_a_device_only_a_claim_reaches_and_no_class_selects_is_never_the_best_fit() -> None:
+    """MIG 1g.10gb devices published without their class (only the 80Gi tier was applied): a 10Gi ask cannot get
+    them by any name, so the best fit among what it can get is the 48Gi tier (the L40S), not "leave it to gpu-slice"."""
+    objs = [o for o in _objects() if o["kind"] != "DeviceClass" or not o["metadata"]["name"].startswith("mig-")]
+    inv = inventory_mod.build_cluster(objs, default_policy())
+    cls = choose_class(inv.candidates({}), inv.classes.tiers, 10 * GIB, allow_shared=True)
+    assert cls is not None and cls.name == "gpu-48gi.gpu-admission.io"
