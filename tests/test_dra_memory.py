@@ -309,3 +309,44 @@ def test_a_device_only_a_claim_reaches_and_no_class_selects_is_never_the_best_fi
     inv = inventory_mod.build_cluster(objs, default_policy())
     cls = choose_class(inv.candidates({}), inv.classes.tiers, 10 * GIB, allow_shared=True)
     assert cls is not None and cls.name == "gpu-48gi.gpu-admission.io"
+
+
+def test_no_class_for_a_gpu_the_node_labels_time_sliced() -> None:
+    """GFD's time-slicing label on a DRA node makes its GPUs shared units (memory / replicas): no memory tier
+    promises a share's memory, so the pod stays on gpu-slice's path."""
+    inv = _h100("80Gi", ["80Gi"])
+    objs: list[dict[str, Any]] = [
+        {
+            "kind": "Node",
+            "metadata": {
+                "name": "h",
+                "labels": {
+                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                    "nvidia.com/gpu.sharing-strategy": "time-slicing",
+                    "nvidia.com/gpu.replicas": "2",
+                },
+            },
+            "status": {"allocatable": {"cpu": "8"}},
+        },
+        _slice("h", [_device("gpu-0", "gpu", memory="80Gi")]),
+        *[o for o in _objects() if o["kind"] == "DeviceClass"],
+    ]
+    shared = inventory_mod.build_cluster(objs, default_policy())
+    assert choose_class(inv.candidates({}), inv.classes.tiers, 30 * GIB, allow_shared=True) is not None
+    assert choose_class(shared.candidates({}), shared.classes.tiers, 30 * GIB, allow_shared=True) is None
+
+
+def test_a_resource_the_node_allocatable_names_stays_the_device_plugins() -> None:
+    """A node whose device plugin advertises nvidia.com/gpu while a DRA driver publishes slices too: the Node's
+    allocatable wins (as for the offers), so its GPUs get no class: gpu-slice's path."""
+    objs: list[dict[str, Any]] = [
+        {
+            "kind": "Node",
+            "metadata": {"name": "h", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+            "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": "8"}},
+        },
+        _slice("h", [_device(f"gpu-{i}", "gpu", memory="80Gi") for i in range(8)]),
+        *[o for o in _objects() if o["kind"] == "DeviceClass"],
+    ]
+    inv = inventory_mod.build_cluster(objs, default_policy())
+    assert choose_class(inv.candidates({}), inv.classes.tiers, 30 * GIB, allow_shared=True) is None
