@@ -68,16 +68,23 @@ class PodFact:
     node: str  # "" while unbound
     created: float | None
     scheduled: float | None  # when PodScheduled became True
+    job_uid: str | None = None  # the uid of its controller (a Job's), or its own for a bare pod
 
 
-def _controller(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+def _controller_ref(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
     owners = meta.get("ownerReferences")
     for owner in owners if isinstance(owners, list) else []:
         if isinstance(owner, dict) and owner.get("controller") is True:
             kind, name = owner.get("kind"), owner.get("name")
             if isinstance(kind, str) and isinstance(name, str) and kind and name:
-                return kind, name
+                return owner
     return None
+
+
+def _job_uid(meta: Mapping[str, Any], ref: Mapping[str, Any] | None) -> str | None:
+    """The uid that names a pod's job in the API: its controller's, or its own without one."""
+    uid = ref.get("uid") if ref is not None else meta.get("uid")
+    return sys.intern(uid) if isinstance(uid, str) and uid else None
 
 
 def _scheduled_at(status: Mapping[str, Any]) -> float | None:
@@ -114,6 +121,7 @@ class Note(NamedTuple):
     workload: str  # one of CLASSES
     created: float | None
     scheduled: float | None  # when PodScheduled became True; None while not (or not yet bound)
+    job_uid: str | None = None  # _job_uid: one string per job (interned), so a gang's notes stay equal
 
 
 def pod_note(pod: Any) -> Note:
@@ -127,7 +135,8 @@ def pod_note(pod: Any) -> Note:
         raise ValueError("pod has no name")
     namespace = meta_str(pod, "namespace")
     labels = meta_map(pod, "labels")
-    owner = _controller(meta)
+    ref = _controller_ref(meta)
+    owner = (ref["kind"], ref["name"]) if ref is not None else None
     explicit = labels.get("gpu-admission.io/workload")
     workload = explicit if explicit in CLASSES else (classify.by_pod(pod) or "unclassified")
     key = job_label(labels)
@@ -144,6 +153,7 @@ def pod_note(pod: Any) -> Note:
         sys.intern(str(workload)),
         parse_time(meta.get("creationTimestamp")),
         _scheduled_at(status) if bound else None,
+        _job_uid(meta, ref),
     )
 
 
@@ -161,6 +171,7 @@ def fact_of(key: str, gpus: Mapping[str, int], node: str, note: Note) -> PodFact
         node=node,
         created=note.created,
         scheduled=note.scheduled if node else None,
+        job_uid=note.job_uid,
     )
 
 
@@ -395,6 +406,7 @@ class JobRow:
     comm_ratio: float | None
     uid: str | None  # the admission's uid (the audit record's), for the follow-up record
     rules: tuple[str, ...] = field(default=())
+    job_uid: str | None = None  # the uid of the job's object (its pods' controller), when its pods say
 
     @property
     def fully_bound(self) -> bool:
@@ -476,6 +488,7 @@ def job_row(
         comm_ratio=ratio,
         uid=admission.uid if admission is not None else None,
         rules=admission.rules if admission is not None else (),
+        job_uid=next((p.job_uid for p in pods if p.job_uid), None),
     )
 
 

@@ -153,6 +153,20 @@ def test_the_note_keeps_what_the_fact_needs_beside_the_view_entry() -> None:
         "ml/batch.kubernetes.io/job-name=train", "batch", T0, T0 + 7
     )
     assert L.pod_note(pod("lonely", labels={}, owner=None)).group is None
+    owned = pod("train-1")
+    owned["metadata"]["uid"] = "pod-uid"
+    owned["metadata"]["ownerReferences"][0]["uid"] = "job-uid"
+    bare = pod("lonely", labels={}, owner=None)
+    bare["metadata"]["uid"] = "pod-uid"
+    assert (L.pod_note(owned).job_uid, L.pod_note(bare).job_uid, L.pod_note(pod("x")).job_uid) == (
+        "job-uid",  # the controller's, not the pod's own
+        "pod-uid",  # a bare pod is its own job
+        None,  # no uid given
+    )
+    other = pod("train-2", created=T0 + 1)
+    other["metadata"]["ownerReferences"][0]["uid"] = "".join(["job-", "uid"])  # an equal string, another object
+    assert L.pod_note(other).job_uid is L.pod_note(owned).job_uid  # one string per job, however many pods
+    assert L.pod_fact(owned) is not None and L.pod_fact(owned).job_uid == "job-uid"  # type: ignore[union-attr]
     f = L.fact_of("ml/s-0", {"nvidia.com/gpu.shared": 2}, "a-1", L.pod_note(shared))
     assert (f.gpus, f.shared, f.namespace, f.name) == (0, True, "ml", "s-0")
     unbound = L.fact_of("ml/x", {"nvidia.com/gpu": 1}, "", L.Note("g", "batch", T0, T0 + 1))
@@ -383,7 +397,8 @@ def test_build_from_the_example_dumps() -> None:
         group="alice/pod=notebook", namespace="alice", workload="unclassified", unowned=True, pods=1, bound=1,
         deleted=0, gpus=1, outcome="one-domain", admitted=None, created=at, first_bound=at + 1, last_bound=at + 1,
         pending_s=1.0, spans=rack_zone, nodes=(("h100-big-4", 1),), placement="intra-node", actual_ms=0.0,
-        best="intra-node", best_ms=0.0, comm_ratio=1.0, uid=None, rules=())  # fmt: skip
+        best="intra-node", best_ms=0.0, comm_ratio=1.0, uid=None, rules=(),
+        job_uid="7a1e0c55-0000-4000-8000-000000000004")  # fmt: skip
     assert d == L.JobRow(
         group="research/batch.kubernetes.io/job-name=train-d", namespace="research", workload="training",
         unowned=False, pods=0, bound=0, deleted=0, gpus=0, outcome="denied", admitted=denied_at, created=denied_at,

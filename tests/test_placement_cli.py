@@ -60,6 +60,12 @@ def test_json_per_job_outcome_pending_and_comm_ratio() -> None:
     )
     assert (d["outcome"], d["rules"], d["pendingSeconds"]) == ("denied", ["training-same-rack"], None)
     assert jobs["notebook"]["unowned"] is True
+    # the uid of each job's object in the API: its pods' controller's (a Job's), a bare pod's own
+    assert (b["jobUid"], jobs["notebook"]["jobUid"], d["jobUid"]) == (
+        "7a1e0c55-0000-4000-8000-000000000002",
+        "7a1e0c55-0000-4000-8000-000000000004",
+        None,  # denied: no pod ever existed
+    )
     [chat] = doc["inference"]
     assert (chat["workload"], chat["perNode"], chat["perZone"], chat["onSharedGpus"]) == (
         "serving/Deployment/chat",

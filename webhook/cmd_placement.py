@@ -235,6 +235,7 @@ def _json(ledger: L.Ledger, s: L.Summary, topo: L.Topology) -> dict[str, Any]:
                 "bestMs": r.best_ms,
                 "commRatio": r.comm_ratio,
                 "uid": r.uid,
+                "jobUid": r.job_uid,
                 "rules": list(r.rules),
             }
             for r in ledger.jobs
