@@ -37,6 +37,7 @@ OPTIONS: dict[str, list[str]] = {
     "validate-pods": ["--set", "validatePods=true"],
     "native": ["--set", "native=true"],
     "scan": ["--set", "scan.interval=3600", "--set", "scan.qps=5", "--set", "scan.pageSize=500"],
+    "no-ledger-election": ["--set", "ledgerLeaderElection=false"],
 }  # fmt: skip
 
 

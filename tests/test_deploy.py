@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
+from webhook.cmd_serve import LEDGER_LEASE
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "base"
@@ -1086,10 +1088,22 @@ DRA_RESOURCES = {
 
 
 def test_server_rbac_is_read_only(rendered: list[dict[str, Any]]) -> None:
+    """Read-only, except the ledger's one Lease in the server's namespace (docs/deploy.md "Ledger leader")."""
     rules = rules_of(rendered, SERVER_SA)
     assert rules
     granted: set[tuple[str, str]] = set()
+    lease_verbs: set[str] = set()
     for scope, rule in rules:
+        if rule["resources"] == ["leases"]:
+            assert scope == NS and rule["apiGroups"] == ["coordination.k8s.io"], rule
+            if set(rule["verbs"]) == {"create"}:
+                assert "resourceNames" not in rule  # create cannot be restricted by name
+            else:
+                assert set(rule["verbs"]) <= {"get", "update"} and rule["resourceNames"] == [LEDGER_LEASE], (
+                    rule
+                )  # serve's default
+            lease_verbs |= set(rule["verbs"])
+            continue
         assert set(rule["verbs"]) <= READ_VERBS, f"server may only read: {rule}"
         assert "secrets" not in rule["resources"], "the TLS Secret is mounted, never read through the API"
         for g in rule["apiGroups"]:
@@ -1106,6 +1120,7 @@ def test_server_rbac_is_read_only(rendered: list[dict[str, Any]]) -> None:
         ("trainer.kubeflow.org", "trainingruntimes"), ("trainer.kubeflow.org", "clustertrainingruntimes"),
     } | WORKLOAD_KINDS_RESOURCES | DRA_RESOURCES  # fmt: skip
     assert granted <= allowed, f"unexpected grants: {granted - allowed}"
+    assert lease_verbs == {"get", "update", "create"}, "the elector reads, creates and renews its Lease"
 
 
 def test_certs_rbac_is_minimal() -> None:

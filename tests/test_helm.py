@@ -18,6 +18,7 @@ from scripts.helm.generate import NAMESPACE
 from tests.helmchart import CHART, OPTIONS, POLICY_FILE, ROOT, by_key, helm, template
 from tests.test_deploy import docs_of, one
 from webhook.cli import build_parser
+from webhook.cmd_serve import LEDGER_LEASE
 
 
 def test_chart_is_generated_from_the_manifests() -> None:
@@ -177,9 +178,17 @@ def test_native_sets_the_flag_and_nothing_else() -> None:
     assert [k[1] for k in _changed("native")] == ["Deployment"]
 
 
+def test_ledger_leader_election_is_on_by_default_and_can_be_turned_off() -> None:
+    assert build_parser().parse_args(_server(template())["args"]).ledger_lease == LEDGER_LEASE
+    off = template(*OPTIONS["no-ledger-election"])
+    assert build_parser().parse_args(_server(off)["args"]).ledger_lease == ""
+    assert [k[1] for k in _changed("no-ledger-election")] == ["Deployment"]
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
+        (["--set", "ledgerLeaderElection=maybe"], "/ledgerLeaderElection"),
         (["--set", "scan.interval=30"], "/scan/interval"),
         (["--set", "limits.idleTimeout=0"], "/limits/idleTimeout"),
         (["--set", "limits.idleTimeout=0.0"], "/limits/idleTimeout"),

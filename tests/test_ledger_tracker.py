@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import gc
 import re
+import subprocess
+import sys
 import tracemalloc
 from typing import Any
+
+import pytest
 
 from cluster.pods import PodView
 from cluster.reflector import Change, Reflector
@@ -126,6 +130,110 @@ def test_denial_is_final_at_once_and_counts_against_nothing() -> None:
     text = m.render()
     assert 'gpu_admission_ledger_jobs_total{namespace="ml",workload="unclassified",outcome="denied"} 1' in text
     assert "gpu_admission_ledger_jobs_bound_in_window_total{" not in text
+
+
+class Leader:
+    """The leadership test a tracker is given (`Elector.leader` in the server), switched by the test."""
+
+    def __init__(self, leading: bool) -> None:
+        self.leading = leading
+
+    def __call__(self) -> bool:
+        return self.leading
+
+
+def standby(clock: Clock) -> tuple[ledger.Tracker, list[L.JobRow], Metrics, Leader]:
+    """A tracker that is not the leader (yet): its leadership switched by the test."""
+    tr, rows, m = tracker(clock)
+    leads = Leader(False)
+    tr.attach(leading=leads)
+    return tr, rows, m, leads
+
+
+def finish(clock: Clock, trackers: list[ledger.Tracker], name: str, at: float) -> None:
+    """A two-pod job `name` whose pods are created and bound at `at`, final SETTLE seconds later, fed to all."""
+    clock.now = at
+    pods = [pod(f"{name}-{i}", labels={"job-name": name}, created=at) for i in range(2)]
+    for tr in trackers:
+        for p in pods:
+            add(tr, p)
+        for p in pods:
+            bind(tr, p, "a-1", at)
+    clock.now = at + ledger.SETTLE
+    for tr in trackers:
+        tr.sweep()
+
+
+def test_only_the_leader_counts_jobs_and_partial_gangs() -> None:
+    clock = Clock()
+    (a, a_rows, a_m), (b, b_rows, b_m) = tracker(clock), tracker(clock)
+    a.attach(leading=Leader(True))
+    b.attach(leading=Leader(False))
+    finish(clock, [a, b], "j", T0)
+    assert [r.group for r in a_rows] == ["ml/job-name=j"] and b_rows == []
+    assert b.counts["standby"] == 1 and b.counts["final"] == 0
+    a_text, b_text = a_m.render(), b_m.render()
+    assert "gpu_admission_ledger_leader 1" in a_text and "gpu_admission_ledger_leader 0" in b_text
+    assert 'gpu_admission_ledger_jobs_total{namespace="ml",workload="batch",outcome="one-domain"} 1' in a_text
+    assert "gpu_admission_ledger_jobs_total{" not in b_text
+    half = [pod(f"h-{i}", labels={"job-name": "h"}) for i in range(2)]
+    for tr in (a, b):
+        for p in half:
+            add(tr, p)
+        bind(tr, half[0], "a-2", clock.now)
+    assert 'gpu_admission_ledger_partial_gangs{namespace="ml",workload="batch"} 1' in a_m.render()
+    assert "gpu_admission_ledger_partial_gangs{" not in b_m.render()
+
+
+def test_take_over_counts_each_job_once_across_the_two_replicas() -> None:
+    clock = Clock()
+    (a, a_rows, _), (b, b_rows, b_m) = tracker(clock), tracker(clock)
+    a_leads, b_leads = Leader(True), Leader(False)
+    a.attach(leading=a_leads)
+    b.attach(leading=b_leads)
+    finish(clock, [a, b], "one", T0)  # a counts it
+    renewed = T0 + 7  # a's last renewal of the Lease
+    finish(clock, [a, b], "two", T0 + 8)  # a counts it too: it ran 1 s past its last renewal, then died
+    finish(clock, [b], "three", T0 + 20)  # a is gone; b has not taken over yet
+    b_leads.leading = True
+    clock.now = T0 + 30
+    b.promote(renewed)  # b's standby rows after a's last renewal: "two" (a counted it too) and "three"
+    counted = sorted(r.group.split("=")[1] for r in (*a_rows, *b_rows))
+    assert counted == ["one", "three", "two", "two"]  # at most the jobs of a's last moments twice, none lost
+    finish(clock, [b], "four", T0 + 40)
+    assert [r.group.split("=")[1] for r in b_rows] == ["two", "three", "four"]
+    assert b.counts["final"] == 3 and 'outcome="one-domain"} 3' in b_m.render()
+
+
+def test_promotion_after_a_release_or_without_a_previous_leader() -> None:
+    clock = Clock()
+    tr, rows, _, leads = standby(clock)
+    finish(clock, [tr], "early", T0)
+    finish(clock, [tr], "late", T0 + 10)
+    leads.leading = True
+    tr.promote(T0 + ledger.SETTLE)  # the previous leader released at once after "early" was final
+    assert [r.group for r in rows] == ["ml/job-name=late"]
+    leads.leading = False
+    finish(clock, [tr], "alone", T0 + 20)
+    leads.leading = True
+    tr.promote(None)  # there was no leader before (it created the Lease): everything kept is ours to count
+    assert [r.group for r in rows] == ["ml/job-name=late", "ml/job-name=alone"]
+    tr.promote(None)  # nothing twice
+    assert len(rows) == 2
+
+
+def test_a_standby_keeps_its_rows_for_a_minute_only_and_counts_its_own_denials() -> None:
+    clock = Clock()
+    tr, rows, m, leads = standby(clock)
+    finish(clock, [tr], "old", T0)
+    finish(clock, [tr], "new", T0 + ledger.STANDBY_KEEP + 10)  # "old" is dropped from the standby rows
+    tr.admitted("ml/job-name=x", L.Admission("uid-x", clock.now, "deny", ("training-same-rack",)))
+    tr.sweep()  # a denial only this replica saw: counted by it, leader or not
+    assert [(r.group, r.outcome) for r in rows] == [("ml/job-name=x", "denied")]
+    leads.leading = True
+    tr.promote(None)
+    assert [r.group for r in rows] == ["ml/job-name=x", "ml/job-name=new"]
+    assert 'outcome="denied"} 1' in m.render()
 
 
 def test_pods_deleted_before_binding_unowned_pods_and_unknown_nodes_are_counted() -> None:
@@ -318,3 +426,51 @@ def test_a_long_watch_stream_through_the_pod_view_keeps_memory_flat() -> None:
     assert view.snapshot().skipped == len(range(0, 16_000, 7)) and tr.counts["unowned"] == 4_000
     assert tr.counts["deleted"] == len([i for i in range(0, 16_000, 5) if i % 4 != 3])
     assert m.render().count("gpu_admission_ledger_jobs_total{") <= 51 * 4 * 6
+
+
+def test_follow_up_of_a_job_another_replica_admitted_carries_the_jobs_uid() -> None:
+    clock = Clock()
+    tr, rows, _ = tracker(clock)
+    pods = [pod(f"o-{i}", labels={"job-name": "o"}) for i in range(2)]
+    for p in pods:
+        p["metadata"]["ownerReferences"][0]["uid"] = "job-uid-o"
+        add(tr, p)
+        bind(tr, p, "a-1", T0 + 1)
+    clock.now = T0 + ledger.SETTLE + 1
+    tr.sweep()
+    [row] = rows
+    record = ledger.follow_up(row)
+    assert (record["uid"], record["admissionUid"], record["jobUid"]) == ("job-uid-o", None, "job-uid-o")
+    tr.admitted("ml/job-name=k", L.Admission("uid-k", T0, "allow"))  # seen here: the admission's uid first
+    for p in [pod(f"k-{i}", labels={"job-name": "k"}) for i in range(2)]:
+        p["metadata"]["ownerReferences"][0]["uid"] = "job-uid-k"
+        add(tr, p)
+        bind(tr, p, "a-2", clock.now)
+    clock.now += ledger.SETTLE
+    tr.sweep()
+    record = ledger.follow_up(rows[-1])
+    assert (record["uid"], record["admissionUid"], record["jobUid"]) == ("uid-k", "uid-k", "job-uid-k")
+
+
+@pytest.mark.parametrize("value", ["a/b/c", "ns/", "/name"])
+def test_serve_refuses_a_bad_lease_name_in_one_line(value: str) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook",
+            "serve",
+            "--no-kube",
+            "--tls-cert",
+            "x",
+            "--tls-key",
+            "y",
+            "--ledger-lease",
+            value,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "expected NAME or NAMESPACE/NAME" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

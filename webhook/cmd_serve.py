@@ -20,6 +20,7 @@ from webhook.guard import ConnectionLimits
 from webhook.logs import setup_logging
 
 log = logging.getLogger("gpu-admission.serve")
+LEDGER_LEASE = "gpu-admission-ledger"
 SWITCH_INTERVAL = 0.0005  # seconds a thread may hold the GIL while another waits (see run)
 
 
@@ -87,6 +88,14 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="the post-launch ledger: a job not fully bound this long after its first pod is final "
         "(partly or never bound); 0 turns the ledger off (default 600)",
+    )
+    p.add_argument(
+        "--ledger-lease",
+        default=LEDGER_LEASE,
+        metavar="[NAMESPACE/]NAME",
+        help="the Lease that elects the one replica whose ledger counts jobs and writes their follow-ups, in the "
+        f"server's own namespace unless given (default {LEDGER_LEASE}); '' for none: a single replica, always "
+        "counting (docs/deploy.md, Ledger leader)",
     )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--fault-injection", default="", help=argparse.SUPPRESS)  # tests only: slow-rule:MS | raise-rule
@@ -283,6 +292,54 @@ def background_scan(args: argparse.Namespace, client: Any, state: Any, metrics: 
     return scanner
 
 
+def lease_ref(value: str) -> tuple[str, str]:
+    """(namespace or "", name) of --ledger-lease; UsageError when it is neither NAME nor NAMESPACE/NAME."""
+    ns, _, name = value.rpartition("/")
+    if "/" in ns or not name or value.startswith("/"):
+        raise UsageError(f"--ledger-lease {value!r}: expected NAME or NAMESPACE/NAME")
+    return ns, name
+
+
+def ledger_elector(args: argparse.Namespace, client: Any, tracker: Any) -> Any:
+    """The Elector of --ledger-lease for the tracker (None: no election), on a client of its own whose
+    requests end well within the renew deadline."""
+    if not args.ledger_lease or tracker is None:
+        return None
+    import socket
+    import uuid
+
+    from cluster.kubeclient import KubeClient
+    from cluster.lease import Elector, LeaseConfig
+
+    ns, name = lease_ref(args.ledger_lease)
+    # hostname: the pod's name in a cluster; a random suffix tells a restarted process from its predecessor
+    lease = LeaseConfig(ns or client.config.namespace, name, f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
+
+    def changed(leader: bool, previous: Any) -> None:
+        if leader:
+            tracker.promote(previous.renewed if previous is not None else None)
+
+    elector = Elector(KubeClient(client.config, timeout=lease.renew_deadline / 2), lease, on_change=changed)
+    tracker.attach(leading=lambda: elector.leader)
+    return elector
+
+
+def _ready_details(scanner: Any, elector: Any) -> Any:
+    """/readyz's extra details: the scan's and the ledger leadership's (neither makes the server unready)."""
+    if scanner is None and elector is None:
+        return None
+
+    def details() -> tuple[bool, dict[str, Any]]:
+        out: dict[str, Any] = {}
+        if scanner is not None:
+            out["scan"] = scanner.details()
+        if elector is not None:
+            out["ledgerLeader"] = elector.status()
+        return True, out
+
+    return details
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -295,6 +352,8 @@ def run(args: argparse.Namespace) -> int:
     from webhook.state import State
 
     setup_logging(args.log_level)
+    if args.ledger_lease:
+        lease_ref(args.ledger_lease)  # a bad value is refused before anything starts
     # Watcher threads (a Node storm: JSON decoding and inventory batches) share the GIL with the event loop,
     # which waits up to one switch interval for it whenever they run: 5 ms by default, the whole p99 budget.
     sys.setswitchinterval(SWITCH_INTERVAL)
@@ -363,8 +422,8 @@ def run(args: argparse.Namespace) -> int:
     )
     metrics = Metrics()
     scanner = background_scan(args, client, state, metrics)
-    if scanner is not None:
-        cfg.extra_ready = lambda: (True, {"scan": scanner.details()})
+    elector = ledger_elector(args, client, state.ledger)
+    cfg.extra_ready = _ready_details(scanner, elector)
     if state.ledger is not None:
         from webhook.ledger import follow_up
 
@@ -373,6 +432,8 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(state, metrics=metrics, audit=audit, config=cfg)
     if scanner is not None:
         scanner.start()
+    if elector is not None:
+        elector.start()
     limits = connection_limits(args)
     metrics.describe("gpu_admission_connections_closed_total", "counter", "Connections closed by a limit, by reason")
     loop_factory = handshake_bounded_loop(limits.handshake_timeout)
@@ -411,6 +472,8 @@ def run(args: argparse.Namespace) -> int:
                 return
             cfg.draining = True
             log.info("shutting down", extra={"signal": sig, "delay": args.shutdown_delay})
+            if elector is not None:  # hand the ledger to another replica now, off the event loop
+                threading.Thread(target=elector.release, name="lease-release", daemon=True).start()
             if args.shutdown_delay > 0:
                 threading.Timer(args.shutdown_delay, self._stop_now, (sig,)).start()
             else:
@@ -437,6 +500,8 @@ def run(args: argparse.Namespace) -> int:
         server.run()  # uvloop (a dependency, like httptools): ~2x the reviews/s of asyncio + h11
     finally:
         reloader.stop()
+        if elector is not None:
+            elector.release()
         state.stop()
         if audit is not None:
             audit.close(timeout=10)

@@ -8,6 +8,12 @@ pod was created (then partly bound or never bound), or when evicted to make room
 counted in the metrics and, when an audit log is configured, a follow-up record with its outcome is written
 under the uid of its admission (docs/audit.md).
 
+With several replicas (docs/deploy.md "Ledger leader"), every replica tracks every job, but only the one the
+Lease elects (`cluster/lease.py`) counts jobs in its metrics and writes their follow-ups; the others keep
+theirs for STANDBY_KEEP seconds, and a replica that becomes leader emits those finalised after the previous
+leader last renewed its Lease, so a take-over neither loses nor re-reports jobs (`promote`). A denial is the
+exception: only the replica that decided it knows of it, so that replica counts it, leader or not.
+
 Bounded state (each limit below; docs/deploy.md "Limits"): at most MAX_GROUPS jobs and inference workloads
 and MAX_PODS pods are kept; past either, the oldest job is finalised early (counted as evicted). Final jobs
 are remembered by id only, in a bounded set, so late events of their pods do not start them again. Metric
@@ -43,6 +49,7 @@ OTHER = "_other"
 # one, and the scheduler may bind the first before the last exists.
 SETTLE = 5.0
 DEFAULT_WINDOW = 600.0  # seconds: a job not fully bound this long after its first pod is final (and failed)
+STANDBY_KEEP = 60.0  # seconds a non-leader keeps its final rows for a take-over (> lease duration + retry period)
 PENDING_BOUNDS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 RATIO_BOUNDS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
 
@@ -121,14 +128,24 @@ class Tracker:
         self._done: OrderedDict[str, None] = OrderedDict()
         self._last_sweep = 0.0
         self._evicted: list[L.JobRow] = []  # finalised early to make room, emitted after the lock
-        self.counts = {"skipped": 0, "evicted": 0, "final": 0, "unowned": 0, "deleted": 0, "late": 0}
+        self.counts = {"skipped": 0, "evicted": 0, "final": 0, "unowned": 0, "deleted": 0, "late": 0, "standby": 0}
+        self.leading: Callable[[], bool] = lambda: True  # no election: one replica, always the leader
+        self._standby: deque[tuple[float, L.JobRow]] = deque(maxlen=max_groups)  # final while not leader
         self.namespace_label = NamespaceLabels()
         self.metrics = metrics
         if metrics is not None:
             _describe(metrics, self)
 
-    def attach(self, metrics: Any = None, on_final: Callable[[L.JobRow], None] | None = None) -> None:
-        """Metrics and the follow-up writer, made after the pod watch started (serve's start-up order)."""
+    def attach(
+        self,
+        metrics: Any = None,
+        on_final: Callable[[L.JobRow], None] | None = None,
+        leading: Callable[[], bool] | None = None,
+    ) -> None:
+        """Metrics, the follow-up writer and the leadership test (`Elector.leader`), made after the pod watch
+        started (serve's start-up order)."""
+        if leading is not None:
+            self.leading = leading
         if metrics is not None:
             self.metrics = metrics
             _describe(metrics, self)
@@ -335,13 +352,33 @@ class Tracker:
                 self._done.popitem(last=False)
         return row
 
+    def promote(self, since: float | None) -> None:
+        """This replica became leader: emit the rows it finalised as a standby after `since` (the wall-clock
+        time the previous leader last renewed or released its Lease; None: there was none), drop older ones
+        (the previous leader emitted them)."""
+        with self._lock:
+            kept = [row for t, row in self._standby if since is None or t > since]
+            self._standby.clear()
+        self._emit(kept)
+
     def _emit(self, rows: list[L.JobRow]) -> None:
         for row in rows:
+            if row.outcome != "denied" and not self.leading():  # a denial: only this replica saw it
+                self._keep_standby(row)
+                continue
             self.counts["final"] += 1
             if self.metrics is not None:
                 self._count(row)
             if self._on_final is not None:
                 self._on_final(row)
+
+    def _keep_standby(self, row: L.JobRow) -> None:
+        now = self._clock()
+        with self._lock:
+            self.counts["standby"] += 1
+            while self._standby and self._standby[0][0] < now - STANDBY_KEEP:
+                self._standby.popleft()
+            self._standby.append((now, row))
 
     def _count(self, row: L.JobRow) -> None:
         m = self.metrics
@@ -355,8 +392,11 @@ class Tracker:
             m.observe_in("gpu_admission_ledger_comm_ratio", row.comm_ratio, labels)
 
     def partial(self) -> dict[tuple[tuple[str, str], ...], tuple[int, int]]:
-        """Per label set: (jobs partly bound now, GPUs they hold). O(tracked pods), for a scrape."""
+        """Per label set: (jobs partly bound now, GPUs they hold). O(tracked pods), for a scrape. Empty on a
+        replica that is not the leader (the leader reports them: a sum over replicas counts each once)."""
         out: dict[tuple[tuple[str, str], ...], tuple[int, int]] = {}
+        if not self.leading():
+            return out
         with self._lock:
             for st in self._groups.values():
                 pods = st.pods.values()
@@ -389,10 +429,13 @@ def for_state(state: Any, window: float = DEFAULT_WINDOW) -> Tracker:
 
 
 def follow_up(row: L.JobRow) -> dict[str, Any]:
-    """The audit record of a job's outcome, under the uid of its admission (docs/audit.md)."""
+    """The audit record of a job's outcome, under the uid of its admission when this replica decided it, else
+    under the uid of the job's object (docs/audit.md)."""
     return {
         "time": format_time(time.time()),
-        "uid": row.uid,
+        "uid": row.uid or row.job_uid,
+        "admissionUid": row.uid,
+        "jobUid": row.job_uid,
         "record": "outcome",
         "namespace": row.namespace,
         "group": row.group,
@@ -447,8 +490,13 @@ def _describe(m: Any, t: Tracker) -> None:
         lambda: [(k, float(v[1])) for k, v in sorted(t.partial().items())],
     )
     m.gauge(
+        "gpu_admission_ledger_leader",
+        "1 on the replica whose ledger counts jobs (elected by the Lease, or the only one), 0 on the others",
+        lambda: [((), 1.0 if t.leading() else 0.0)],
+    )
+    m.gauge(
         "gpu_admission_ledger_tracker",
         "The ledger tracker's state: tracked groups, pods, final ids and admissions kept; pods skipped (unreadable), "
-        "unowned, deleted before bound; jobs final, evicted early, late events",
+        "unowned, deleted before bound; jobs final, evicted early, late events, final while not leader (standby)",
         lambda: [((("what", k),), float(v)) for k, v in sorted({**t.sizes, **t.counts}.items())],
     )

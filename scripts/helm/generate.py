@@ -152,6 +152,10 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "limits": _block_limits,
     "native": lambda indent: f"{{{{- if .Values.native }}}}\n{indent}- --native\n{{{{- end }}}}\n",
     "scan": _block_scan,
+    # One replica, or a ledger counted per replica on purpose: no Lease election (docs/deploy.md, Ledger leader).
+    "ledger": lambda indent: (
+        f'{{{{- if not .Values.ledgerLeaderElection }}}}\n{indent}- --ledger-lease\n{indent}- ""\n{{{{- end }}}}\n'
+    ),
     # An object or list item only some values want: the lines between these two sentinels.
     "ifValidatePods": lambda indent: "{{- if .Values.validatePods }}\n",
     "end": lambda indent: "{{- end }}\n",
@@ -182,7 +186,7 @@ def mark(obj: Obj, pod_hooks: list[Obj]) -> Obj:
         if args.count("--audit-stdout") != 1:
             raise SystemExit("generate: the server's args no longer hold exactly one --audit-stdout")
         at = args.index("--audit-stdout")
-        args[at : at + 1] = [_sentinel(b) for b in ("audit", "limits", "native", "scan")]
+        args[at : at + 1] = [_sentinel(b) for b in ("audit", "limits", "native", "scan", "ledger")]
         if args.count("--exception-group") != 1:
             raise SystemExit("generate: the server's args no longer hold exactly one --exception-group")
         args[args.index("--exception-group") + 1] = _sentinel("approvers")
@@ -352,6 +356,7 @@ def values_yaml(base: dict[tuple[str, str, str], Obj]) -> str:
         "validatePods": False,
         "native": False,
         "scan": {"interval": 0, "qps": None, "pageSize": None},
+        "ledgerLeaderElection": True,
     }
     body = "".join(
         (f"\n# {VALUE_COMMENTS[line.split(':')[0]]}\n" if line.split(":")[0] in VALUE_COMMENTS else "") + line
@@ -377,6 +382,7 @@ VALUE_COMMENTS = {
     "validatePods": "Judge each GPU pod again as stored, after every mutating webhook (deploy/overlays/validate-pods).",
     "native": "--native: the rules `gpu-admission policy native` generates are left to the API server (apply those).",
     "scan": "Background scan (docs/deploy.md, Scan): seconds between scans (0 = off, else >= 60), list QPS, page size.",
+    "ledgerLeaderElection": "Elect the one replica whose ledger counts jobs with a Lease; false only for one replica.",
     "policy": "The policy document (--set-file policy=FILE); check it with `gpu-admission policy validate FILE`.",
 }
 
@@ -405,6 +411,7 @@ SCHEMA: dict[str, Any] = {
         "validatePods",
         "native",
         "scan",
+        "ledgerLeaderElection",
         "policy",
     ],
     "properties": {
@@ -472,6 +479,7 @@ SCHEMA: dict[str, Any] = {
                 "pageSize": {"type": ["integer", "null"], "minimum": 1, "maximum": 10000},
             },
         },
+        "ledgerLeaderElection": {"type": "boolean"},
         "policy": {"type": "string", "minLength": 1},
     },
     "definitions": {

@@ -7,6 +7,8 @@ import copy
 import re
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,16 @@ def start_cluster(nodes: list[dict[str, Any]]) -> ControlPlane:
         cp.stop()
         raise
     return cp
+
+
+@contextmanager
+def racks(sizes: dict[str, int]) -> Iterator[ControlPlane]:
+    """A control plane of its own with racks of 8-GPU H100 nodes (`layout`), stopped at the end."""
+    cp = start_cluster(layout(sizes))
+    try:
+        yield cp
+    finally:
+        cp.stop()
 
 
 def indexed_job(name: str, pods: int, gpus: int) -> dict[str, Any]:

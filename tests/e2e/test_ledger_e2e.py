@@ -34,11 +34,8 @@ WINDOW = 20  # the server's --ledger-window: jobs not fully bound are final this
 
 @pytest.fixture(scope="module")
 def cp() -> Iterator[ControlPlane]:
-    cluster = pl.start_cluster(pl.layout({"rack-a": 2, "rack-b": 2}))
-    try:
+    with pl.racks({"rack-a": 2, "rack-b": 2}) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
