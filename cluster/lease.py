@@ -137,6 +137,7 @@ class Elector:
         self.transitions = 0  # times this replica became leader
         self.errors = 0
         self.last_error: str | None = None
+        self._warned = 0.0  # monotonic time of the last warning logged
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -255,9 +256,14 @@ class Elector:
         self.last_error = None
 
     def _error(self, exc: Exception) -> None:
+        # Logged when the error changes and once a minute while it lasts: not every retry period (a missing
+        # grant would write 1,800 lines an hour). /readyz and `errors` count them all.
+        message, now = str(exc), self._mono()
+        if message != self.last_error or now - self._warned >= 60:
+            log.warning("lease attempt failed", extra={"lease": self.config.name, "error": message})
+            self._warned = now
         self.errors += 1
-        self.last_error = str(exc)
-        log.warning("lease attempt failed", extra={"lease": self.config.name, "error": str(exc)})
+        self.last_error = message
 
     def _changed(self, leader: bool, previous: Record | None) -> None:
         if leader:

@@ -6,6 +6,7 @@ Short timings (lease 3 s, renew deadline 2 s, retry 0.25 s) so that take-overs h
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import uuid
@@ -175,7 +176,7 @@ def test_create_race_is_lost_cleanly(client: KubeClient, namespace: str) -> None
 
 
 def test_api_errors_never_crash_or_make_two_leaders(
-    control_plane: ControlPlane, client: KubeClient, namespace: str
+    control_plane: ControlPlane, client: KubeClient, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # An API server that does not answer: connection refused on a closed port.
     dead_config = dataclasses.replace(client.config, server=f"https://127.0.0.1:{free_port()}")
@@ -208,10 +209,14 @@ def test_api_errors_never_crash_or_make_two_leaders(
         assert b.leader and not a.leader
         assert a.errors >= 2 and seen == []
 
-    # A Lease in a namespace that does not exist: 404 on create, an error, not leader; the loop goes on.
+    # A Lease in a namespace that does not exist: 404 on create, an error, not leader; the loop goes on. The
+    # same error again is counted but not logged again (until a minute passed).
     gone = Elector(client, _config(f"missing-{uuid.uuid4().hex[:6]}", "ledger", "x"))
-    assert gone.step() is False and gone.step() is False
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gpu-admission.lease"):
+        assert gone.step() is False and gone.step() is False
     assert gone.errors == 2 and gone.last_error and "HTTP 404" in gone.last_error
+    assert len([r for r in caplog.records if r.getMessage() == "lease attempt failed"]) == 1
 
 
 def test_lease_written_by_someone_else_is_read_safely(client: KubeClient, namespace: str) -> None:
