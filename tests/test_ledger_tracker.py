@@ -205,6 +205,28 @@ def test_take_over_counts_each_job_once_across_the_two_replicas() -> None:
     assert b.counts["final"] == 3 and 'outcome="one-domain"} 3' in b_m.render()
 
 
+def test_a_replica_started_later_ends_a_jobs_window_when_the_leader_did() -> None:
+    # The leader saw the job from its first pod; the standby started 9 minutes later (a rolling update). Both
+    # make it final 10 minutes after its first pod: before the leader hands over, so it is counted once.
+    clock = Clock()
+    (a, a_rows, _), (b, b_rows, _, b_leads) = tracker(clock), standby(clock)
+    stuck = [pod(f"s-{i}", labels={"job-name": "s"}) for i in range(2)]
+    for p in stuck:
+        add(a, p)
+    clock.now = T0 + 540
+    for p in stuck:
+        add(b, p)
+    clock.now = T0 + ledger.DEFAULT_WINDOW
+    a.sweep()
+    b.sweep()
+    assert [r.outcome for r in a_rows] == ["never-bound"] and b.counts["standby"] == 1
+    b_leads.leading = True
+    b.promote(T0 + ledger.DEFAULT_WINDOW + 1)  # the leader released after that
+    clock.now += 600
+    b.sweep()
+    assert b_rows == []
+
+
 def test_promotion_after_a_release_or_without_a_previous_leader() -> None:
     clock = Clock()
     tr, rows, _, leads = standby(clock)

@@ -261,7 +261,12 @@ class Tracker:
         self._bound_memory()
 
     def _new_group(self, fact: L.PodFact) -> _Group:
-        st = _Group(first_seen=self._clock(), inference=fact.workload == "inference")
+        # The window runs from the first pod's creation (when known), not from when this replica saw it: a
+        # replica started later ends a job's window when the one that was leader did, so a take-over does not
+        # count the job again.
+        now = self._clock()
+        start = min(now, fact.created) if fact.created is not None else now
+        st = _Group(first_seen=start, inference=fact.workload == "inference")
         if not st.inference:
             # The free GPUs now, when the job's first pod appears (≈ its admission), cut down to what any gang's
             # best placement can use; the best is computed for the job's real pods once they are all known.
