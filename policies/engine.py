@@ -19,6 +19,7 @@ from policies.exceptions import Exemption
 from policies.inventory import Inventory
 from policies.mutations import MUTATIONS
 from policies.native import COVERED_KINDS as NATIVE_KINDS
+from policies.native import cel_asks_gpu, native_mutations
 from policies.patch import JsonOp, diff
 from policies.resources import NVIDIA_PREFIX
 from policies.rules import RULES
@@ -185,9 +186,14 @@ def review(
         for m in MUTATIONS:
             if not policy.mutations.get(m.id, False):
                 continue
+            # A MutatingAdmissionPolicy made this mutation in the API server (`serve --native-mutations`) on
+            # the pods its CEL sees as asking for GPUs; the rest (DRA claims, ...) it leaves to us.
+            native_here = m.id in ctx.native and kind in NATIVE_KINDS and m.id in native_mutations(policy)
             try:
                 changed = False
                 for pod in subject.pods:
+                    if native_here and cel_asks_gpu(pod.pod):
+                        continue
                     if not pod.template.readonly:
                         changed |= m.fn(subject, pod)
             except Exception as exc:  # a bug in one mutation must not crash admission
@@ -205,6 +211,8 @@ def review(
                 subject.invalidate(m.touches)
                 applied.append(m.id)
                 results.append(_plain(m.id, "mutate", "applied"))
+            elif native_here:
+                results.append(_plain(m.id, "mutate", "native"))
 
     for rule in RULES if validate else ():
         if (elastic and not rule.elasticity) or (only is not None and rule.id not in only):

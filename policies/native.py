@@ -308,7 +308,255 @@ def _topology_keys() -> NativeRule:
 NATIVE: tuple[NativeRule, ...] = (_queue_priority(), _elastic_shrink(), _topology_keys())
 NATIVE_RULES = frozenset(r.id for r in NATIVE)
 
-# Why each other rule and every mutation stays in the webhook (docs/policy.md, "Native policies").
+# --- mutations: MutatingAdmissionPolicies (JSONPatch) ------------------------------------------------------
+
+MAP_MUTATIONS = ("gpu-toleration", "scheduler-queue")  # the registry ids that need no inventory or pod view
+_CHECKLIST = {"gpu-toleration": "GPU nodes' taints tolerated", "scheduler-queue": "2. queue + priority"}
+KAI_SCHEDULER = "kai-scheduler"
+
+
+def mutation_blocker(mid: str, policy: Policy) -> str:
+    """Why this mutation cannot be a MutatingAdmissionPolicy under this policy ('' when it can). The API server
+    runs MutatingAdmissionPolicies BEFORE mutating webhooks, so a mutation is native only where no earlier
+    mutation of the webhook reads what it writes; and one that would change nothing gets no object."""
+    if not policy.mutations.get(mid, False):
+        return "off in the policy"
+    if mid == "gpu-toleration":
+        return "" if policy.tolerations else "no gpuNodes.tolerations in the policy: nothing to add"
+    if not (policy.scheduler_name or policy.queue_system or policy.priority_class):
+        return "no training schedulerName, queue or priorityClassName in the policy: nothing to add"
+    if policy.queue_system == "kai":
+        return (
+            "a KAI queue label goes on the object and on the first template lacking one (an order CEL over a "
+            "map does not keep)"
+        )
+    rack = policy.mutations.get("training-rack", False)
+    if rack and policy.gang_kueue and policy.queue_system == "kueue":
+        return "training-rack reads the Kueue queue label it adds (gangSchedulers.kueue) and runs first in the webhook"
+    if rack and policy.gang_kai_topology and policy.scheduler_name == KAI_SCHEDULER:
+        return (
+            "training-rack reads the schedulerName it sets (gangSchedulers.kaiTopology) and runs first in the webhook"
+        )
+    return ""
+
+
+def native_mutations(policy: Policy) -> frozenset[str]:
+    """The mutations `generate` writes as MutatingAdmissionPolicies for this policy (`serve --native-mutations`
+    skips exactly these, on the pods `cel_asks_gpu` sees)."""
+    return frozenset(m for m in MAP_MUTATIONS if not mutation_blocker(m, policy))
+
+
+def _gpu_amount(value: Any) -> bool:
+    """A nvidia.com/ amount that asks (the CEL of `_asks_gpu`: anything but a whole-number zero)."""
+    text = str(value) if not isinstance(value, bool) else ("true" if value else "false")
+    return not (text.isascii() and text.isdigit() and int(text) == 0)
+
+
+def cel_asks_gpu(pod: Any) -> bool:
+    """The Python twin of `_asks_gpu`: what the MutatingAdmissionPolicies see as a GPU template. A pod the
+    webhook counts as asking for GPUs for another reason (DRA claims, an extended resource of a DeviceClass)
+    is mutated by the webhook itself."""
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    if not isinstance(spec, dict):
+        return False
+    for key in ("containers", "initContainers"):
+        cs = spec.get(key)
+        for c in cs if isinstance(cs, list) else []:
+            res = c.get("resources") if isinstance(c, dict) else None
+            limits = res.get("limits") if isinstance(res, dict) else None
+            requests = res.get("requests") if isinstance(res, dict) else None
+            limits = limits if isinstance(limits, dict) else {}
+            requests = requests if isinstance(requests, dict) else {}
+            for k, v in limits.items():
+                if isinstance(k, str) and k.startswith("nvidia.com/") and _gpu_amount(v):
+                    return True
+            for k, v in requests.items():
+                if isinstance(k, str) and k.startswith("nvidia.com/") and k not in limits and _gpu_amount(v):
+                    return True
+    return False
+
+
+def _ptr(*keys: str) -> str:
+    """A JSON pointer (RFC 6901) of constant keys."""
+    return "".join("/" + k.replace("~", "~0").replace("/", "~1") for k in keys)
+
+
+def _patch(path: str, value: str) -> str:
+    """One JSONPatch `add` (CEL); `path` is a CEL string expression."""
+    return f"JSONPatch{{op: 'add', path: {path}, value: {value}}}"
+
+
+def _cel(value: Any) -> str:
+    """A constant JSON value as a CEL literal."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_q(k)}: {_cel(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_cel(v) for v in value) + "]"
+    return _q(value)
+
+
+def _set_key(holder: str, path: str, section: str, key: str, value: str) -> str:
+    """Patches adding metadata.<section>[key] = value to the object at `holder` (CEL) / `path` (CEL string),
+    creating metadata and the section when missing, as the webhook's `_path` does."""
+    whole = _patch(f"{path} + {_q(_ptr('metadata'))}", f"{{{_q(section)}: {{{_q(key)}: {_q(value)}}}}}")
+    sec = _patch(f"{path} + {_q(_ptr('metadata', section))}", f"{{{_q(key)}: {_q(value)}}}")
+    one = _patch(f"{path} + {_q(_ptr('metadata', section, key))}", _q(value))
+    return (
+        f"(!{holder}.?metadata.hasValue() || {holder}.metadata == null ? [{whole}] : "
+        f"!{holder}.metadata.?{section}.hasValue() || {holder}.metadata[{_q(section)}] == null ? [{sec}] : "
+        f"type({holder}.metadata[{_q(section)}]) == map ? [{one}] : [])"
+    )
+
+
+def _per_template(body: Any) -> str:
+    """Every pod template of the object with its JSON pointer, as `_templates` lists them: body(t, path) is the
+    CEL list of patches for one template; the result is the flattened list over all of them."""
+    spec = "object.?spec"
+    single = _list(["Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Job"])
+    branches = [
+        ("variables.kind == 'Pod'", body("object", "''")),
+        (f"variables.kind in {single}",
+         f"({spec}.?template.hasValue() ? {body('object.spec.template', _q('/spec/template'))} : [])"),
+        ("variables.kind == 'CronJob'",
+         f"({spec}.?jobTemplate.?spec.?template.hasValue() ? "
+         f"{body('object.spec.jobTemplate.spec.template', _q('/spec/jobTemplate/spec/template'))} : [])"),
+    ]  # fmt: skip
+    for kind, key in sorted(KUBEFLOW_REPLICA_SPECS.items()):
+        specs = f"{spec}.?{key}.orValue({{}})"
+        path = f"{_q('/spec/' + key + '/')} + jsonpatch.escapeKey(r) + '/template'"
+        branches.append(
+            (f"variables.kind == {_q(kind)}",
+             f"{specs}.filter(r, has({specs}[r].template)).map(r, {body(specs + '[r].template', path)}).flatten()")
+        )  # fmt: skip
+    rjs = f"{spec}.?replicatedJobs.orValue([])"
+    rj_path = "'/spec/replicatedJobs/' + string(i) + '/template/spec/template'"
+    branches.append(
+        ("variables.kind == 'JobSet'",
+         f"{rjs}.transformList(i, rj, rj.?template.?spec.?template.hasValue(), "
+         f"{body('rj.template.spec.template', rj_path)}).flatten()")
+    )  # fmt: skip
+    lwt = f"{spec}.?leaderWorkerTemplate"
+    lws = [
+        f"({lwt}.?{role}.hasValue() ? "
+        f"{body('object.spec.leaderWorkerTemplate.' + role, _q('/spec/leaderWorkerTemplate/' + role))} : [])"
+        for role in ("leaderTemplate", "workerTemplate")
+    ]
+    branches.append(("variables.kind == 'LeaderWorkerSet'", " + ".join(lws)))
+    tasks = f"{spec}.?tasks.orValue([])"
+    task_path = "'/spec/tasks/' + string(i) + '/template'"
+    branches.append(
+        ("variables.kind == 'VolcanoJob'",
+         f"{tasks}.transformList(i, tk, has(tk.template), {body('tk.template', task_path)}).flatten()")
+    )  # fmt: skip
+    expr = "[]"
+    for cond, value in reversed(branches):
+        expr = f"{cond} ? {value} : ({expr})"
+    return expr
+
+
+def _same_toleration(x: str, t: Json) -> str:
+    """The existing toleration x equals t (the webhook compares the whole item: t has no tolerationSeconds)."""
+    fields = [f"{x}.?{f}.orValue('') == {_q(t.get(f, ''))}" for f in ("key", "operator", "value", "effect")]
+    return "(" + " && ".join([*fields, f"!{x}.?tolerationSeconds.hasValue()"]) + ")"
+
+
+def _toleration_patches(policy: Policy) -> str:
+    wanted: list[Json] = []
+    for t in policy.tolerations:
+        if t.as_json() not in wanted:  # the webhook skips an item it has just added
+            wanted.append(t.as_json())
+
+    def body(t: str, path: str) -> str:
+        tols = f"{t}.spec.?tolerations"
+        missing = [(w, f"!{tols}.orValue([]).exists(x, {_same_toleration('x', w)})") for w in wanted]
+        each = " + ".join(f"({cond} ? [{_cel(w)}] : [])" for w, cond in missing)
+        whole = _patch(f"{path} + '/spec/tolerations'", f"{each}")
+        append = "(" + each + ").map(v, " + _patch(path + " + '/spec/tolerations/-'", "v") + ")"
+        absent = f"(!{tols}.hasValue() || {t}.spec.tolerations == null)"
+        listed = f"type({tols}.orValue(0)) == list"
+        return f"(!{_asks_gpu(t)} ? [] : {absent} ? [{whole}] : {listed} ? {append} : [])"
+
+    return _per_template(body)
+
+
+def _queued(t: str) -> str:
+    labels = _has_key("object", "labels", QUEUE_LABELS) + " || " + _has_key(t, "labels", QUEUE_LABELS)
+    annotations = (
+        _has_key("object", "annotations", QUEUE_ANNOTATIONS) + " || " + _has_key(t, "annotations", QUEUE_ANNOTATIONS)
+    )
+    volcano = "(variables.kind == 'VolcanoJob' && object.?spec.?queue.orValue('') != '')"
+    return f"({labels} || {annotations} || {volcano})"
+
+
+def _queue_patches(policy: Policy) -> str:
+    def body(t: str, path: str) -> str:
+        ops: list[str] = []
+        if policy.scheduler_name:
+            name = _patch(f"{path} + '/spec/schedulerName'", _q(policy.scheduler_name))
+            ops.append(f"({t}.spec.?schedulerName.orValue('') in ['', 'default-scheduler'] ? [{name}] : [])")
+        if policy.queue_system == "volcano":
+            add = _set_key(t, path, "annotations", "scheduling.volcano.sh/queue-name", policy.queue_name)
+            ops.append(f"(variables.kind != 'VolcanoJob' && !{_queued(t)} ? {add} : [])")
+        if policy.priority_class:
+            prio = _patch(f"{path} + '/spec/priorityClassName'", _q(policy.priority_class))
+            ops.append(f"(variables.kind != 'Pod' && {t}.spec.?priorityClassName.orValue('') == '' ? [{prio}] : [])")
+        training = f"{_asks_gpu(t)} && {_class(t)} == 'training'"
+        return f"(!({training}) ? [] : {' + '.join(ops) or '[]'})"
+
+    out = f"({_per_template(body)})"  # parenthesised: the object-level patches are appended
+    lacking = "variables.training.exists(t, !" + _queued("t") + ")"
+    if policy.queue_system == "kueue":  # on the workload object (the pod itself for a plain pod), once
+        label = _set_key("object", "''", "labels", "kueue.x-k8s.io/queue-name", policy.queue_name)
+        out += f" + ({lacking} ? {label} : [])"
+    if policy.queue_system == "volcano":
+        spec_queue = _patch("'/spec/queue'", _q(policy.queue_name))
+        out += f" + (variables.kind == 'VolcanoJob' && {lacking} ? [{spec_queue}] : [])"
+    return out
+
+
+def _map(mid: str, policy: Policy) -> Json:
+    expression = _toleration_patches(policy) if mid == "gpu-toleration" else _queue_patches(policy)
+    return {
+        "apiVersion": API,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {
+            "name": NAME_PREFIX + mid,
+            "labels": dict(MANAGED_BY),
+            "annotations": {
+                "gpu-admission.io/mutation": mid,
+                "gpu-admission.io/checklist": _CHECKLIST[mid],
+                "gpu-admission.io/policy-hash": policy.hash,
+            },
+        },
+        "spec": {
+            "failurePolicy": "Fail" if policy.failure_mode == "closed" else "Ignore",
+            # Like the webhook's configurations: run again when a later mutation changes the object
+            # (every patch here checks for its own earlier output, so a second run adds nothing).
+            "reinvocationPolicy": "IfNeeded",
+            "matchConstraints": {"resourceRules": _resource_rules()},
+            "matchConditions": _match_conditions(),
+            "variables": _variables(),
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
+        },
+    }
+
+
+def _map_binding(mid: str, policy: Policy, excluded: tuple[str, ...]) -> Json:
+    """Mutations apply in every namespace whose enforcement is not `off` (policies/engine.py)."""
+    exprs: list[Json] = [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": list(excluded)}]
+    if policy.default_enforcement == "off":  # only namespaces labelled with another valid mode
+        exprs.append({"key": ENFORCEMENT, "operator": "In", "values": [m for m in _MODES if m != "off"]})
+    else:
+        exprs.append({"key": ENFORCEMENT, "operator": "NotIn", "values": ["off"]})
+    return {
+        "apiVersion": API,
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": NAME_PREFIX + mid, "labels": dict(MANAGED_BY)},
+        "spec": {"policyName": NAME_PREFIX + mid, "matchResources": {"namespaceSelector": {"matchExpressions": exprs}}},
+    }
+
+
+# Why each other rule and mutation stays in the webhook (docs/policy.md, "Native policies").
 NOT_NATIVE: Mapping[str, str] = {
     "training-same-rack": "needs the node inventory (topology levels) and the pod view (placement)",
     "training-topology-scheduler": "needs the node inventory (GPUs per node, NVLink cliques)",
@@ -320,10 +568,15 @@ NOT_NATIVE: Mapping[str, str] = {
     "gpu-admission-annotations": "its value parsing and did-you-mean hints have no CEL equivalent with the same "
     "verdicts (quantities are parsed by our own grammar)",
     "training-elastic-shrink (HorizontalPodAutoscaler, ScaledObject)": "reads another object (the target's class)",
-    "mutations": "every mutation stays in the webhook: MutatingAdmissionPolicy (GA in Kubernetes 1.36, "
-    "admissionregistration.k8s.io/v1) is not generated yet, the default test control plane (1.33) lacks it; gpu-slice, "
-    "training-pool, online-exclusive, training-rack, training-node-pack, inference-spread and inference-group "
-    "need the node inventory or the pod view",
+    "gpu-slice": "needs the node inventory (the smallest slice the nodes offer that covers the ask)",
+    "training-pool": "needs the node inventory (whole-card GPU nodes, or the policy's pool)",
+    "online-exclusive": "needs the node inventory (time-sliced and MPS nodes)",
+    "training-rack": "needs the node inventory (topology levels) and the pod view (the domain that holds the gang)",
+    "training-node-pack": "needs the node inventory (GPUs per node)",
+    "inference-spread": "needs the node inventory (whether GPU nodes carry zones)",
+    "inference-group": "needs the node inventory (the level that holds a group's GPUs)",
+    "job-size": "counts the job's GPUs with our quantity grammar over every template (parallelism x per-pod "
+    "whole GPUs), which has no CEL twin with the same result",
 }
 
 # The (effective) kinds the policies judge: the webhook skips native rules on these only (policies/engine.py).
@@ -373,8 +626,8 @@ def _selector(values: list[str], excluded: tuple[str, ...]) -> Json:
     return {"matchExpressions": exprs}
 
 
-def _vap(rule: NativeRule, policy: Policy) -> Json:
-    rules = [
+def _resource_rules() -> list[Json]:
+    return [
         {
             "apiGroups": [g],
             "apiVersions": [v],
@@ -384,8 +637,18 @@ def _vap(rule: NativeRule, policy: Policy) -> Json:
         }
         for g, v, r in _MATCH_RULES
     ]
+
+
+def _match_conditions() -> list[Json]:
     # Pod specs are immutable after create; the webhook allows pod UPDATEs untouched too.
     pod_update = "!(request.kind.kind == 'Pod' && request.operation == 'UPDATE')"
+    return [
+        {"name": "not-a-pod-update", "expression": pod_update},
+        {"name": "object", "expression": "object != null"},
+    ]
+
+
+def _vap(rule: NativeRule, policy: Policy) -> Json:
     return {
         "apiVersion": API,
         "kind": "ValidatingAdmissionPolicy",
@@ -400,11 +663,8 @@ def _vap(rule: NativeRule, policy: Policy) -> Json:
         },
         "spec": {
             "failurePolicy": "Fail" if policy.failure_mode == "closed" else "Ignore",
-            "matchConstraints": {"resourceRules": rules},
-            "matchConditions": [
-                {"name": "not-a-pod-update", "expression": pod_update},
-                {"name": "object", "expression": "object != null"},
-            ],
+            "matchConstraints": {"resourceRules": _resource_rules()},
+            "matchConditions": _match_conditions(),
             "variables": _variables(),
             "validations": [{"expression": rule.validation, "messageExpression": rule.message, "reason": "Forbidden"}],
         },
@@ -432,19 +692,25 @@ def _bindings(rule: NativeRule, policy: Policy, excluded: tuple[str, ...]) -> li
     return out
 
 
-def generate(policy: Policy, excluded: tuple[str, ...] = DEFAULT_EXCLUDED) -> list[Json]:
+def generate(policy: Policy, excluded: tuple[str, ...] = DEFAULT_EXCLUDED, mutations: bool = True) -> list[Json]:
     """The ValidatingAdmissionPolicies and bindings of the native rules for this policy: a rule the policy
-    turns off gets neither; each binding carries the action its namespaces' enforcement caps it at."""
+    turns off gets neither; each binding carries the action its namespaces' enforcement caps it at. With
+    `mutations` (Kubernetes >= 1.36), also a MutatingAdmissionPolicy and binding per `native_mutations`."""
     out: list[Json] = []
     for rule in NATIVE:
         bindings = _bindings(rule, policy, excluded)
         if bindings:
             out.append(_vap(rule, policy))
             out.extend(bindings)
+    if mutations:
+        for mid in MAP_MUTATIONS:
+            if mid in native_mutations(policy):
+                out.append(_map(mid, policy))
+                out.append(_map_binding(mid, policy, excluded))
     return out
 
 
-def report(policy: Policy) -> list[tuple[str, str]]:
+def report(policy: Policy, mutations: bool = True) -> list[tuple[str, str]]:
     """(rule or mutation, what happens to it natively) for the operator."""
     rows = []
     for rule in NATIVE:
@@ -454,8 +720,26 @@ def report(policy: Policy) -> list[tuple[str, str]]:
         else:
             half = " (templates; its HPA/ScaledObject half stays in the webhook)" if rule.elasticity_kinds_stay else ""
             rows.append((rule.id, f"ValidatingAdmissionPolicy, {action}{half}"))
+    for mid in MAP_MUTATIONS:
+        why = mutation_blocker(mid, policy)
+        if not mutations:
+            rows.append((mid, "webhook: MutatingAdmissionPolicy not generated (--no-mutations: Kubernetes < 1.36)"))
+        else:
+            rows.append((mid, f"webhook: {why}" if why else "MutatingAdmissionPolicy (JSONPatch)"))
     rows.extend((k, f"webhook: {v}") for k, v in NOT_NATIVE.items())
     return rows
 
 
-__all__ = ["NATIVE", "NATIVE_RULES", "NOT_NATIVE", "PREFIX", "NativeRule", "generate", "report"]
+__all__ = [
+    "MAP_MUTATIONS",
+    "NATIVE",
+    "NATIVE_RULES",
+    "NOT_NATIVE",
+    "PREFIX",
+    "NativeRule",
+    "cel_asks_gpu",
+    "generate",
+    "mutation_blocker",
+    "native_mutations",
+    "report",
+]

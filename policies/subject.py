@@ -56,8 +56,8 @@ class ReviewContext:
     # seconds; None: expiry not judged, the caller passes only live ones). The engine reads no clock.
     exceptions: tuple[Exemption, ...] = ()
     now: float | None = None
-    # Rules the API server runs itself as ValidatingAdmissionPolicies (policies/native.py, `serve --native`):
-    # skipped here on the kinds those policies cover, so no check runs twice.
+    # Rules and mutations the API server runs itself as Validating/MutatingAdmissionPolicies (policies/native.py,
+    # `serve --native [--native-mutations]`): skipped here on what those policies cover, so nothing runs twice.
     native: frozenset[str] = frozenset()
     # Checks a DRA CEL selector parses (one-line error or None); None: not checked (the API server compiles
     # the selectors of every ResourceClaim, template and class it stores, so only offline input needs it).

@@ -99,7 +99,11 @@ def test_every_rule_and_the_mutations_are_accounted_for() -> None:
     rows = dict(native.report(default_policy()))
     for rule in RULE_IDS:
         assert rule in rows, f"{rule}: neither generated nor said why not"
-    assert "mutations" in rows
+    from policies.document import MUTATION_IDS
+
+    for mid in MUTATION_IDS:
+        assert mid in rows, f"{mid}: neither generated nor said why not"
+    assert rows["gpu-toleration"] == "webhook: no gpuNodes.tolerations in the policy: nothing to add"
     assert rows["training-queue-priority"] == "ValidatingAdmissionPolicy, warn"
     assert rows["training-elastic-shrink"].startswith("ValidatingAdmissionPolicy, enforce (templates;")
     off = dict(native.report(policy_for({"rules": {"training-elastic-shrink": "off"}})))
@@ -182,6 +186,20 @@ def test_policy_native_prints_the_objects_and_explains(tmp_path: Path) -> None:
     assert list(yaml.safe_load_all(p.stdout)) == native.generate(default_policy())
     e = gpu_admission("policy", "native", "--explain")
     assert e.returncode == 0 and "gpu-request-fits: webhook: needs the node inventory" in e.stdout
+    mutating = tmp_path / "mutating.yaml"
+    mutating.write_text(yaml.safe_dump({"apiVersion": "gpu-admission.io/v1alpha1", "kind": "Policy", **MUTATING}))
+    m = gpu_admission("policy", "native", str(mutating))
+    from policies.document import parse_policy_text
+
+    want = native.generate(parse_policy_text(mutating.read_text()))
+    assert m.returncode == 0 and list(yaml.safe_load_all(m.stdout)) == want
+    assert m.stdout.count("kind: MutatingAdmissionPolicy\n") == 2
+    v = gpu_admission("policy", "native", "--no-mutations", str(mutating))
+    assert v.returncode == 0 and "MutatingAdmissionPolicy" not in v.stdout and "ValidatingAdmissionPolicy" in v.stdout
+    ve = gpu_admission("policy", "native", "--no-mutations", "--explain", str(mutating))
+    assert "gpu-toleration: webhook: MutatingAdmissionPolicy not generated (--no-mutations" in ve.stdout
+    me = gpu_admission("policy", "native", "--explain", str(mutating))
+    assert "scheduler-queue: MutatingAdmissionPolicy (JSONPatch)" in me.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: gpu-admission.io/v1alpha1\nkind: Policy\nrules: {training-same-rack: deny}\n")
     b = gpu_admission("policy", "native", str(bad))
@@ -211,3 +229,164 @@ def test_the_overlay_runs_the_webhook_with_native_beside_the_policies() -> None:
     for d in docs:
         if d["kind"].startswith("ValidatingAdmissionPolicy"):
             assert "namespace" not in d["metadata"], d["metadata"]  # cluster-scoped
+
+
+# --- mutations: MutatingAdmissionPolicies ---------------------------------------------------------------------
+
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+MUTATING = {
+    "gpuNodes": {"tolerations": [TOLERATION, TOLERATION]},
+    "training": {"schedulerName": "volcano", "queue": {"system": "kueue", "name": "team-a"}, "priorityClassName": "p"},
+}
+
+
+def _maps(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "MutatingAdmissionPolicy"}
+
+
+def test_mutations_the_policy_fills_in_become_mutating_admission_policies() -> None:
+    objects = native.generate(policy_for(MUTATING))
+    maps = _maps(objects)
+    names = [native.NAME_PREFIX + m for m in native.MAP_MUTATIONS]
+    assert sorted(maps) == sorted(names)  # one policy and one binding of the same name each
+    assert [o["kind"] for o in objects].count("MutatingAdmissionPolicy") == 2
+    assert [o["kind"] for o in objects].count("MutatingAdmissionPolicyBinding") == 2
+    for o in objects:
+        if o["kind"] == "MutatingAdmissionPolicy":
+            spec = o["spec"]
+            assert spec["failurePolicy"] == "Fail" and spec["reinvocationPolicy"] == "IfNeeded"
+            assert [m["patchType"] for m in spec["mutations"]] == ["JSONPatch"]
+            assert "'volcano'" in spec["mutations"][0]["jsonPatch"]["expression"] or o["metadata"]["name"].endswith(
+                "gpu-toleration"
+            )
+        if o["kind"] == "MutatingAdmissionPolicyBinding":
+            # mutations run wherever the namespace's enforcement is not off (policies/engine.py)
+            assert o["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+                EXCLUDED,
+                label("NotIn", "off"),
+            ]
+    tol = next(o for o in objects if o["kind"] == "MutatingAdmissionPolicy" and "toleration" in o["metadata"]["name"])
+    # the duplicate toleration is added once, as the webhook's second append finds the first
+    once = {**MUTATING, "gpuNodes": {"tolerations": [TOLERATION]}}
+    tol_once = _maps(native.generate(policy_for(once)))[native.NAME_PREFIX + "gpu-toleration"]
+    assert tol["spec"] == tol_once["spec"]
+    off_default = native.generate(policy_for({**MUTATING, "defaultEnforcement": "off", "failureMode": "open"}))
+    binding = next(o for o in off_default if o["kind"] == "MutatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][1] == label(
+        "In", "enforce", "warn", "audit"
+    )
+    assert {o["spec"]["failurePolicy"] for o in off_default if o["kind"] == "MutatingAdmissionPolicy"} == {"Ignore"}
+    assert _maps(native.generate(policy_for(MUTATING), mutations=False)) == {}
+    excluded = native.generate(policy_for(MUTATING), ("ops",))
+    assert all(
+        o["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["ops"]
+        for o in excluded
+        if o["kind"] == "MutatingAdmissionPolicyBinding"
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "mutation", "why"),
+    [
+        ({}, "gpu-toleration", "no gpuNodes.tolerations"),
+        ({}, "scheduler-queue", "no training schedulerName, queue or priorityClassName"),
+        ({**MUTATING, "mutations": {"gpu-toleration": False}}, "gpu-toleration", "off in the policy"),
+        ({"training": {"queue": {"system": "kai", "name": "q"}}}, "scheduler-queue", "KAI queue label"),
+        (
+            {"training": {"queue": {"system": "kueue", "name": "q"}}, "placement": {"gangSchedulers": {"kueue": True}}},
+            "scheduler-queue",
+            "training-rack reads the Kueue queue label",
+        ),
+        (
+            {"training": {"schedulerName": "kai-scheduler"}, "placement": {"gangSchedulers": {"kaiTopology": "t"}}},
+            "scheduler-queue",
+            "training-rack reads the schedulerName",
+        ),
+    ],
+)
+def test_a_mutation_stays_in_the_webhook_where_a_policy_could_not_mirror_it(
+    overrides: dict[str, Any], mutation: str, why: str
+) -> None:
+    policy = policy_for(overrides)
+    assert why in native.mutation_blocker(mutation, policy)
+    assert mutation not in native.native_mutations(policy)
+    assert native.NAME_PREFIX + mutation not in _maps(native.generate(policy))
+    assert dict(native.report(policy))[mutation] == f"webhook: {native.mutation_blocker(mutation, policy)}"
+
+
+def test_the_same_queue_settings_without_the_gang_setting_are_native() -> None:
+    kueue = policy_for({"training": {"queue": {"system": "kueue", "name": "q"}}})
+    assert native.native_mutations(kueue) == {"scheduler-queue"}
+    no_rack = policy_for(
+        {
+            "training": {"queue": {"system": "kueue", "name": "q"}},
+            "placement": {"gangSchedulers": {"kueue": True}},
+            "mutations": {"training-rack": False},
+        }
+    )
+    assert native.native_mutations(no_rack) == {"scheduler-queue"}
+
+
+@pytest.mark.parametrize(
+    ("resources", "asks"),
+    [
+        ({"limits": {"nvidia.com/gpu": 1}}, True),
+        ({"limits": {"nvidia.com/gpu": "0"}}, False),
+        ({"limits": {"nvidia.com/gpu": 0}}, False),
+        ({"limits": {"nvidia.com/gpu": "00"}}, False),
+        ({"limits": {"nvidia.com/mig-1g.10gb": "2"}}, True),
+        ({"limits": {"nvidia.com/gpu": "500m"}}, True),  # not a whole zero: asks (gpu-request-fits judges it)
+        ({"requests": {"nvidia.com/gpu": "1"}}, True),
+        ({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "0"}}, False),  # the limit decides
+        ({"limits": {"example.com/gpu": "1"}}, False),
+        ({"limits": {"cpu": "1"}}, False),
+        ({}, False),
+    ],
+)
+def test_cel_asks_gpu_is_the_policies_gpu_test(resources: dict[str, Any], asks: bool) -> None:
+    pod = {"spec": {"containers": [{"name": "c", "resources": resources}]}}
+    assert native.cel_asks_gpu(pod) is asks
+    init = {"spec": {"containers": [], "initContainers": [{"name": "i", "resources": resources}]}}
+    assert native.cel_asks_gpu(init) is asks
+    assert native.cel_asks_gpu({"spec": "x"}) is False and native.cel_asks_gpu("x") is False
+
+
+def _job(resources: dict[str, Any], claims: list[Any] | None = None) -> dict[str, Any]:
+    pod_spec: dict[str, Any] = {"containers": [{"name": "c", "image": "i", "resources": resources}]}
+    if claims is not None:
+        pod_spec["resourceClaims"] = claims
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "ml"},
+        "spec": {"parallelism": 2, "template": {"spec": pod_spec}},
+    }
+
+
+def test_the_engine_skips_native_mutations_only_on_the_pods_the_policies_see() -> None:
+    policy = policy_for(MUTATING)
+    inv = inventory_for("examples/cluster/nodes.yaml", policy)
+    skip = ReviewContext(native=native.NATIVE_RULES | set(native.MAP_MUTATIONS))
+    job = _job({"limits": {"nvidia.com/gpu": "8"}})
+    full = review(job, policy=policy, inventory=inv)
+    assert {"gpu-toleration", "scheduler-queue"} <= set(full.mutations)
+    skipped = review(job, policy=policy, inventory=inv, ctx=skip)
+    assert not {"gpu-toleration", "scheduler-queue"} & set(skipped.mutations)
+    outcomes = {r.rule: r.outcome for r in skipped.results}
+    assert outcomes["gpu-toleration"] == outcomes["scheduler-queue"] == "native"
+    assert "tolerations" not in skipped.object["spec"]["template"]["spec"]
+    # without --native-mutations (VAPs only) the webhook keeps mutating
+    rules_only = review(job, policy=policy, inventory=inv, ctx=ReviewContext(native=native.NATIVE_RULES))
+    assert rules_only.patch == full.patch
+    # a policy whose mutation cannot be native: the webhook does it although asked to skip
+    kai = policy_for({**MUTATING, "training": {"queue": {"system": "kai", "name": "q"}}})
+    assert "scheduler-queue" in review(job, policy=kai, inventory=inv, ctx=skip).mutations
+    # a kind the policies do not match: the webhook does it
+    from policies import engine
+
+    original = engine.NATIVE_KINDS
+    engine.NATIVE_KINDS = frozenset(original - {"Job"})
+    try:
+        assert "gpu-toleration" in review(job, policy=policy, inventory=inv, ctx=skip).mutations
+    finally:
+        engine.NATIVE_KINDS = original

@@ -28,15 +28,19 @@ def register(sub: Any) -> None:
     df.set_defaults(func=_diff)
     n = psub.add_parser(
         "native",
-        help="print ValidatingAdmissionPolicies (+ bindings) for the rules the API server can run itself",
+        help="print Validating/MutatingAdmissionPolicies (+ bindings) for what the API server can run itself",
         description="Rules that need no node inventory, pod view or other object, as ValidatingAdmissionPolicies "
-        "and bindings from the policy's actions, enforcement modes and namespace label; serve --native then "
-        "skips them (docs/policy.md, 'Native policies').",
+        "and bindings from the policy's actions, enforcement modes and namespace label, and such mutations as "
+        "MutatingAdmissionPolicies; serve --native [--native-mutations] then skips them (docs/policy.md, "
+        "'Native policies').",
     )
     n.add_argument("file", metavar="FILE", nargs="?", help="policy YAML, or - for stdin (default: the built-in)")
     n.add_argument("--exclude-namespace", action="append", metavar="NS",
                    help="namespaces no binding matches (repeatable; default: kube-system, kube-node-lease, "
                    "kube-public, gpu-admission)")  # fmt: skip
+    n.add_argument("--no-mutations", action="store_true",
+                   help="ValidatingAdmissionPolicies only: for clusters before Kubernetes 1.36, which do not "
+                   "serve MutatingAdmissionPolicy (then serve without --native-mutations)")  # fmt: skip
     n.add_argument("--explain", action="store_true", help="say per rule and mutation what is generated and why not")
     n.set_defaults(func=_native)
     dc = psub.add_parser(
@@ -107,11 +111,11 @@ def _native(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         raise UsageError(f"{args.file}: {exc}") from None
     if args.explain:
-        for rule, what in native.report(policy):
+        for rule, what in native.report(policy, mutations=not args.no_mutations):
             print(f"{rule}: {what}")
         return 0
     excluded = tuple(args.exclude_namespace or native.DEFAULT_EXCLUDED)
-    objects = native.generate(policy, excluded)
+    objects = native.generate(policy, excluded, mutations=not args.no_mutations)
     header = f"# gpu-admission policy native ({policy.hash}): {len(objects)} objects; apply with kubectl apply -f -\n"
     sys.stdout.write(header + yaml.safe_dump_all(objects, sort_keys=False, width=120))
     return 0

@@ -49,6 +49,9 @@ def register(sub: Any) -> None:
     p.add_argument("--native", action="store_true",
                    help="skip the rules `gpu-admission policy native` generates: ValidatingAdmissionPolicies judge "
                    "them in the API server (deploy/overlays/native)")  # fmt: skip
+    p.add_argument("--native-mutations", action="store_true",
+                   help="with --native: also skip the mutations `policy native` writes as "
+                   "MutatingAdmissionPolicies (Kubernetes >= 1.36; not with its --no-mutations)")  # fmt: skip
     p.add_argument("--max-body", type=int, default=8 * 2**20, help="largest request body in bytes (default 8 MiB)")
     lim = p.add_argument_group("connection limits (docs/deploy.md, Limits)")
     lim.add_argument("--max-bytes-inflight", type=int, default=32 * 2**20, metavar="BYTES",
@@ -418,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
         policy_configmap=cm,
         cert_status=reloader.status,
         exception_groups=tuple(args.exception_group or (DEFAULT_GROUP,)),
-        native=_native_rules() if args.native else frozenset(),
+        native=_native_rules(args.native_mutations) if args.native else frozenset(),
     )
     metrics = Metrics()
     scanner = background_scan(args, client, state, metrics)
@@ -513,7 +516,8 @@ def run(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
-def _native_rules() -> frozenset[str]:
+def _native_rules(mutations: bool) -> frozenset[str]:
     from policies import native  # lazily, like every import here: `gpu-admission --help` stays fast
 
-    return native.NATIVE_RULES
+    # The mutations are skipped only where the current policy has them generated (native.native_mutations).
+    return native.NATIVE_RULES | (frozenset(native.MAP_MUTATIONS) if mutations else frozenset())

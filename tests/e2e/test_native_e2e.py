@@ -61,11 +61,17 @@ def crds_installed(control_plane: ControlPlane) -> Iterator[None]:
     control_plane.kubectl("delete", "priorityclass", *PRIORITY_CLASSES, "--ignore-not-found", check=False)
 
 
-def apply_native(cp: ControlPlane, policy: Policy) -> None:
-    """Replace whatever native policies are in the cluster with this policy's."""
-    cp.kubectl("delete", "validatingadmissionpolicybindings,validatingadmissionpolicies", "-l",
-               "app.kubernetes.io/component=native-policy", "--wait=true", check=False)  # fmt: skip
-    objects = native.generate(policy)
+NATIVE_KINDS = "validatingadmissionpolicybindings,validatingadmissionpolicies"
+MAP_KINDS = "mutatingadmissionpolicybindings,mutatingadmissionpolicies"
+
+
+def apply_native(cp: ControlPlane, policy: Policy, kinds: tuple[str, ...] = ("Validating",)) -> None:
+    """Replace whatever native policies are in the cluster with this policy's (of these kinds: Validating,
+    Mutating)."""
+    for resources in (NATIVE_KINDS, MAP_KINDS):
+        cp.kubectl("delete", resources, "-l", "app.kubernetes.io/component=native-policy", "--wait=true",
+                   check=False)  # fmt: skip
+    objects = [o for o in native.generate(policy) if o["kind"].startswith(kinds)]
     if objects:
         cp.kubectl("apply", "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": objects})
 
@@ -113,8 +119,9 @@ def _pod_like(obj: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield t.pod
 
 
-def _vap_key(policy: Policy) -> str:
-    objects = native.generate(policy)
+def _policy_key(policy: Policy, kinds: str = "Validating") -> str:
+    """The generated objects of these kinds without the policy hash: cases with equal keys share one apply."""
+    objects = [o for o in native.generate(policy) if o["kind"].startswith(kinds)]
     for o in objects:
         o["metadata"].pop("annotations", None)
     return json.dumps(objects, sort_keys=True)
@@ -129,6 +136,8 @@ def test_generated_policies_are_accepted_by_the_api_server(control_plane: Contro
         {"rules": {"training-queue-priority": "enforce", "training-elastic-shrink": "audit"}},
         {"rules": {"training-queue-priority": "off"}},
     ]
+    variants += [*MUTATING.values(), {**MUTATING["kueue"], "defaultEnforcement": "off", "failureMode": "open"}]
+    maps = 0
     for overrides in variants:
         objects = native.generate(golden.policy_for(overrides))
         assert objects, overrides
@@ -136,6 +145,8 @@ def test_generated_policies_are_accepted_by_the_api_server(control_plane: Contro
                                   input={"apiVersion": "v1", "kind": "List", "items": objects})  # fmt: skip
         created = [line for line in p.stdout.splitlines() if line.endswith("created (server dry run)")]
         assert len(created) == len(objects), p.stdout + p.stderr
+        maps += sum(o["kind"] == "MutatingAdmissionPolicy" for o in objects)
+    assert maps == 6  # gpu-toleration and scheduler-queue for each of the three mutating policies
     rules_off = golden.policy_for({"rules": {r: "off" for r in native.NATIVE_RULES}})
     assert native.generate(rules_off) == []
 
@@ -168,7 +179,7 @@ def test_native_and_webhook_agree_on_every_golden_case_they_cover(
             excepted.append(golden.case_id(path))  # a known limit (docs/policy.md): policies read no exception
             continue
         policy = golden.policy_for(case.get("policy"))
-        groups.setdefault(_vap_key(policy), []).append((golden.case_id(path), case))
+        groups.setdefault(_policy_key(policy), []).append((golden.case_id(path), case))
 
     compared, refused, mismatches = 0, [], []
     shown: dict[str, int] = {"deny": 0, "warn": 0}
@@ -271,3 +282,200 @@ def test_overlay_judges_native_rules_once_in_the_api_server(
         wh.close()
         cp.kubectl("delete", "validatingadmissionpolicybindings,validatingadmissionpolicies", "-l",
                    "app.kubernetes.io/component=native-policy", check=False)  # fmt: skip
+
+
+# --- mutations: MutatingAdmissionPolicies beside the webhook --------------------------------------------------
+
+TOLERATIONS = [
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "gpu-admission.io/dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"},
+]
+# Policies that fill in the inventory-free mutations (the default policy leaves them empty: nothing to add).
+MUTATING: dict[str, dict[str, Any]] = {
+    "kueue": {
+        "gpuNodes": {"tolerations": TOLERATIONS},
+        "training": {"schedulerName": "volcano", "queue": {"system": "kueue", "name": "team-a"},
+                     "priorityClassName": "training-normal"},
+    },
+    "volcano": {
+        "gpuNodes": {"tolerations": TOLERATIONS[:1]},
+        "training": {"queue": {"system": "volcano", "name": "team-b"}, "priorityClassName": "training-low"},
+    },
+}  # fmt: skip
+_QUEUE_KEYS = (*native.QUEUE_LABELS, *native.QUEUE_ANNOTATIONS)
+
+
+def touched(obj: dict[str, Any]) -> Any:
+    """What gpu-toleration and scheduler-queue may write, per template and on the object (tolerations as a set:
+    the API server's own defaults land before or after ours depending on who mutates first)."""
+    from policies.workloads import templates
+
+    def keys(holder: Any) -> dict[str, Any]:
+        meta = holder.get("metadata") if isinstance(holder, dict) else None
+        out = {}
+        for section in ("labels", "annotations"):
+            values = meta.get(section) if isinstance(meta, dict) else None
+            out.update({k: v for k, v in (values or {}).items() if k in _QUEUE_KEYS})
+        return out
+
+    per_template = []
+    for t in templates(obj):
+        spec = t.pod.get("spec") if isinstance(t.pod.get("spec"), dict) else {}
+        tolerations = sorted(json.dumps(x, sort_keys=True) for x in spec.get("tolerations") or [])
+        per_template.append((tolerations, spec.get("schedulerName"), spec.get("priorityClassName"), keys(t.pod)))
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    return per_template, keys(obj), spec.get("queue")
+
+
+def created_json(cp: ControlPlane, namespace: str, obj: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    p = cp.kubectl("create", "--dry-run=server", "-n", namespace, "-o", "json", "-f", "-", input=obj, check=False)
+    if p.returncode != 0:
+        return None, p.stderr.strip()
+    return json.loads(p.stdout), ""
+
+
+PROBE = {
+    "apiVersion": "batch/v1",
+    "kind": "Job",
+    "metadata": {"name": "probe"},
+    "spec": {"parallelism": 2, "template": {"spec": {"restartPolicy": "Never", "containers": [
+        {"name": "c", "image": "registry.example/test:1", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+    ]}}},
+}  # fmt: skip
+
+
+def _wait_mutating_policies(cp: ControlPlane, policy: Policy, namespace: str, timeout: float = 90.0) -> None:
+    """Until a training Job asking for GPUs comes out of a dry run as the webhook would make it: the API server
+    picks new policies and bindings up asynchronously (seconds apart, more under load)."""
+    from policies.engine import review
+
+    inv = golden.inventory_for(golden.DEFAULT_NODES, policy)
+    want = touched(review(copy.deepcopy(PROBE), policy=policy, inventory=inv).object)
+    deadline = time.monotonic() + timeout
+    while True:
+        made, problem = created_json(cp, namespace, {**PROBE, "metadata": {"name": "probe", "namespace": namespace}})
+        assert made is not None, problem
+        if touched(made) == want:
+            return
+        assert time.monotonic() < deadline, f"the MutatingAdmissionPolicies did not take effect: {touched(made)}"
+        time.sleep(0.5)
+
+
+def test_native_and_webhook_mutations_agree_on_every_golden_case_they_cover(
+    control_plane: ControlPlane, crds_installed: None
+) -> None:
+    """Each covered golden case, with its policy plus the mutating settings above, two ways: the webhook alone
+    (the engine's object, created where no MutatingAdmissionPolicy binds) and the overlay (created where the
+    policies bind, then the engine with --native-mutations on what the API server made of it). The fields the
+    two mutations touch must be equal."""
+    from dataclasses import replace
+
+    from policies.engine import review
+    from webhook.suite import deep_merge
+
+    cp = control_plane
+    namespaces: dict[str, str] = {}
+
+    def namespace_for(labels: dict[str, str] | None) -> str:
+        key = json.dumps(labels or {}, sort_keys=True)
+        if key not in namespaces:
+            name = f"native-map-{uuid.uuid4().hex[:8]}"
+            ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+            cp.kubectl("create", "-f", "-", input=ns)
+            namespaces[key] = name
+        return namespaces[key]
+
+    webhook_only = namespace_for({"gpu-admission.io/enforcement": "off"})  # no binding matches it
+    skip = native.NATIVE_RULES | set(native.MAP_MUTATIONS)
+    compared, refused, not_native, mutated, mismatches = 0, [], 0, 0, []
+    for variant, settings in MUTATING.items():
+        groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for path in golden.case_files():
+            case = golden.load_case(path)
+            inp = case["input"]
+            if not isinstance(inp, dict) or effective_kind(inp) not in COVERED_KINDS or case.get("xfail"):
+                continue
+            case = {**case, "policy": deep_merge(copy.deepcopy(case.get("policy") or {}), settings)}
+            policy = golden.policy_for(case["policy"])
+            if not native.native_mutations(policy):
+                not_native += 1  # e.g. the case's own gang-scheduler settings keep scheduler-queue in the webhook
+                continue
+            key = _policy_key(policy, "Mutating")
+            groups.setdefault(key, []).append((golden.case_id(path), case))
+        for cases in groups.values():
+            group_policy = golden.policy_for(cases[0][1]["policy"])
+            apply_native(cp, group_policy, ("Mutating",))
+            _wait_mutating_policies(cp, group_policy, namespace_for({"gpu-admission.io/enforcement": "enforce"}))
+            for cid, case in cases:
+                r, policy, inv, ctx = golden.run_case(case, copy.deepcopy(case["input"]))
+                want, problem = created_json(cp, webhook_only, creatable(r.object, webhook_only))
+                ns = namespace_for(case.get("namespaceLabels"))
+                deadline = time.monotonic() + 10.0
+                while True:
+                    made, problem2 = created_json(cp, ns, creatable(case["input"], ns))
+                    if want is None or made is None:
+                        break
+                    got = review(made, policy=policy, inventory=inv, ctx=replace(ctx, native=frozenset(skip))).object
+                    if touched(got) == touched(want) or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.5)  # a binding may still be on its way
+                if want is None or made is None:
+                    refused.append(f"{variant}/{cid}: {(problem or problem2).splitlines()[-1][:200]}")
+                    continue
+                compared += 1
+                mutated += bool({"gpu-toleration", "scheduler-queue"} & set(r.mutations))
+                if touched(got) != touched(want):
+                    mismatches.append(f"{variant}/{cid}: webhook {touched(want)}\n   native {touched(got)}")
+    print(f"\nnative vs webhook mutations: {compared} case runs compared ({mutated} mutated by them), "
+          f"{len(refused)} refused by the API server's own validation, {not_native} with a policy that keeps "
+          f"them in the webhook")  # fmt: skip
+    for line in refused:
+        print("  refused:", line)
+    assert not mismatches, "\n".join(mismatches)
+    assert compared >= 300 and mutated >= 100, (compared, mutated)
+
+
+def test_overlay_makes_the_inventory_free_mutations_once_in_the_api_server(
+    control_plane: ControlPlane, crds_installed: None, namespace: str
+) -> None:
+    """The webhook with --native --native-mutations beside the policies generated from the policy it serves:
+    a training Job gets the tolerations, queue label, schedulerName and priorityClassName once, from the API
+    server, while the webhook still adds what needs the inventory (same-rack podAffinity) and reports neither
+    of the two mutations as its own."""
+    from policies.document import parse_policy_text
+    from tests.e2e.webhook import NAMESPACE, POLICY_CONFIGMAP
+    from webhook.suite import deep_merge
+
+    cp = control_plane
+    original = cp.get_json("configmap", POLICY_CONFIGMAP, "-n", NAMESPACE)["data"]["policy.yaml"]
+    text = yaml.safe_dump(deep_merge(yaml.safe_load(original), copy.deepcopy(MUTATING["kueue"])), sort_keys=False)
+    policy = parse_policy_text(text)
+    assert native.native_mutations(policy) == set(native.MAP_MUTATIONS)
+    wh = Webhook(cp, "--native", "--native-mutations")
+    try:
+        cp.kubectl("patch", "configmap", POLICY_CONFIGMAP, "-n", NAMESPACE, "--type=merge", "-p",
+                   json.dumps({"data": {"policy.yaml": text}}))  # fmt: skip
+        apply_native(cp, policy, ("Validating", "Mutating"))
+        _wait_mutating_policies(cp, policy, namespace)
+        job = creatable({**PROBE, "metadata": {"name": "overlay-job"}}, namespace)
+        deadline = time.monotonic() + 30
+        while True:  # until the webhook serves the new policy (it reloads the ConfigMap from a watch)
+            made, problem = created_json(cp, namespace, job)
+            assert made is not None, problem
+            records = wh.wait_audit(lambda x: x.get("name") == "overlay-job" and x.get("webhook") == "mutate"
+                                    and x.get("policyHash") == policy.hash, 2.0)  # fmt: skip
+            if records or time.monotonic() > deadline:
+                break
+        assert records, "the webhook never reviewed the Job under the mutating policy"
+        assert not {"gpu-toleration", "scheduler-queue"} & set(records[-1]["mutations"]), records[-1]
+        spec = made["spec"]["template"]["spec"]
+        assert spec["tolerations"] == TOLERATIONS  # each once: the webhook did not add them again
+        assert spec["schedulerName"] == "volcano" and spec["priorityClassName"] == "training-normal"
+        assert made["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert "podAffinity" in spec["affinity"]  # the webhook's own mutations still apply
+    finally:
+        cp.kubectl("patch", "configmap", POLICY_CONFIGMAP, "-n", NAMESPACE, "--type=merge", "-p",
+                   json.dumps({"data": {"policy.yaml": original}}), check=False)  # fmt: skip
+        wh.close()
+        for resources in (NATIVE_KINDS, MAP_KINDS):
+            cp.kubectl("delete", resources, "-l", "app.kubernetes.io/component=native-policy", check=False)

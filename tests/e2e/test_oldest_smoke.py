@@ -44,3 +44,25 @@ def test_dra_is_watched_exactly_where_it_is_served(control_plane: ControlPlane, 
     assert dra["served"] is (minor >= 34), dra
     if minor < 34:
         assert dra["note"] == "resource.k8s.io/v1 not served", dra
+
+
+def test_native_mutations_exactly_where_served(control_plane: ControlPlane) -> None:
+    """MutatingAdmissionPolicy (admissionregistration.k8s.io/v1) is served from 1.36: `policy native` writes
+    them for a policy that fills the mutations in, and `--no-mutations` the ValidatingAdmissionPolicies alone,
+    which every supported release accepts (docs/policy.md, "Native policies")."""
+    from policies import native
+    from tests import test_golden as golden
+
+    cp = control_plane
+    minor = int(cp.server_version()["minor"].rstrip("+"))
+    served = cp.kubectl("api-resources", "--api-group=admissionregistration.k8s.io", "-o", "name").stdout.split()
+    assert ("mutatingadmissionpolicies.admissionregistration.k8s.io" in served) is (minor >= 36), served
+    policy = golden.policy_for({"gpuNodes": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}})
+    for mutations in (False, True) if minor >= 36 else (False,):
+        objects = native.generate(policy, mutations=mutations)
+        assert any(o["kind"] == "MutatingAdmissionPolicy" for o in objects) is mutations
+        p = cp.kubectl(
+            "apply", "--dry-run=server", "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": objects}
+        )
+        created = [line for line in p.stdout.splitlines() if line.endswith("created (server dry run)")]
+        assert len(created) == len(objects), p.stdout + p.stderr
