@@ -10,8 +10,14 @@ GPU nodes, and in turn on that same API server:
            (tests/e2e/webhook.py), served by a real `gpu-admission serve` process on loopback;
 - cel:     a subset of our validation rules as a ValidatingAdmissionPolicy + binding (tests/bench/cel.py);
 - native:  deploy/overlays/native: our webhooks served by `gpu-admission serve --native`, beside the
-           ValidatingAdmissionPolicies `gpu-admission policy native` generates for the default policy (the
-           rules that need no inventory judged in the API server, the rest and every mutation in the webhook).
+           ValidatingAdmissionPolicies `gpu-admission policy native` generates for the run's policy (the
+           rules that need no inventory judged in the API server, the rest and every mutation in the webhook);
+- native-map: (--mutating-policy only) native plus the MutatingAdmissionPolicies for gpu-toleration and
+           scheduler-queue, with the webhook served by `serve --native --native-mutations`.
+
+--mutating-policy runs every configuration under the default policy plus MUTATING_POLICY (tolerations, a Kueue
+queue, a schedulerName and a priorityClassName: the inventory-free mutations have something to do); without it,
+the default policy leaves them empty and native-map would equal native.
 
 The load generator creates the same GPU pods in every configuration (corpus.apiserver_pods, unique names) with
 1, 20 and 100 concurrent clients (closed loop, one keep-alive connection each, HTTP/1.1), authenticated with
@@ -47,11 +53,17 @@ from tests.e2e.cluster import DEFAULT_NODES_FILE, ControlPlane, ControlPlaneErro
 # "webhook" is deploy/ as shipped (one call per Pod: pods.admit); "webhook-2" adds deploy/overlays/validate-pods
 # (a second, validating call per Pod: the design before one-call). "noop"/"noop-2": the same configurations
 # pointed at the no-op Go webhook, the floor of calling out at all.
-CONFIGS = ("none", "noop", "webhook", "cel", "noop-2", "webhook-2", "native")
+CONFIGS = ("none", "noop", "webhook", "cel", "noop-2", "webhook-2", "native", "native-map")
 # The peers (tests/bench/peerinstall.py): measured only when asked (the `peers` part), beside the configurations above.
 PEER_CONFIGS = ("kyverno", "gatekeeper")
 ALL_CONFIGS = CONFIGS + PEER_CONFIGS
 NATIVE_SERVER = "gpu-admission serve --native"
+NATIVE_MAP_SERVER = "gpu-admission serve --native --native-mutations"
+MUTATING_POLICY: dict[str, Any] = {
+    "gpuNodes": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    "training": {"schedulerName": "volcano", "queue": {"system": "kueue", "name": "team-a"},
+                 "priorityClassName": "training-normal"},
+}  # fmt: skip
 PLACEMENTS = ("isolated", "shared")
 NOOP_SUFFIX = ".noop-bench.example.com"
 # (key, concurrent clients, open-loop rate or None for closed loop). The closed loops are the spec's; the
@@ -98,6 +110,7 @@ def admission_metrics(cp: ControlPlane) -> dict[str, tuple[float, float]]:
             (
                 "apiserver_admission_webhook_admission_duration_seconds_",
                 "apiserver_validating_admission_policy_check_duration_seconds_",
+                MAP_METRIC,
             )
         ):
             continue
@@ -109,6 +122,20 @@ def admission_metrics(cp: ControlPlane) -> dict[str, tuple[float, float]]:
         acc = out.setdefault(who, [0.0, 0.0])
         acc[0 if m.group("name").endswith("_sum") else 1] += float(m.group("value"))
     return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+MAP_METRIC = "apiserver_mutating_admission_policy_check_duration_seconds_"
+
+
+def _map_calls(cp: ControlPlane) -> float:
+    return sum(c for k, (_, c) in admission_metrics(cp).items() if k.startswith(native.NAME_PREFIX + "gpu-tol"))
+
+
+def _probe_map(cp: ControlPlane) -> bool:
+    """Does a GPU pod's dry run reach our MutatingAdmissionPolicies now (their check counter moves)?"""
+    before = _map_calls(cp)
+    _probe_mutated(cp)
+    return _map_calls(cp) > before
 
 
 def _probe_mutated(cp: ControlPlane) -> bool:
@@ -146,7 +173,9 @@ def _probe_denied(cp: ControlPlane) -> str:
 class Configs:
     """Switches the one API server between the configurations."""
 
-    def __init__(self, cp: ControlPlane, variant: str, peer_names: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, cp: ControlPlane, variant: str, peer_names: tuple[str, ...] = (), mutating: bool = False
+    ) -> None:
         from tests.bench import peerinstall as peers
         from tests.e2e.webhook import Webhook, local_configs, render
         from tests.serverproc import ROOT, free_port
@@ -156,6 +185,7 @@ class Configs:
         for name in peer_names:  # installed and started once; registered only while measured (set)
             self.peers[name] = peers.PEERS[name](cp).start()
         self.webhook = _start_webhook(Webhook, cp, variant, ())
+        self.policy = _set_policy(cp, MUTATING_POLICY) if mutating else default_policy()
         port = free_port()
         tls = self.webhook.tls
         self.noop = driver.serve_noop(port, str(tls / "tls.crt"), str(tls / "tls.key"))
@@ -167,8 +197,14 @@ class Configs:
         self.noop_configs = _noop_configs(self.webhook.configs, port)
         self.native_server = _native_server(cp, self.webhook, variant)
         self.native_objects = _moved(self.webhook.configs, self.webhook.port, self.native_server.port) + [
-            o for o in native.generate(default_policy())
+            o for o in native.generate(self.policy, mutations=False)
         ]
+        self.map_server = _native_server(cp, self.webhook, variant, "--native-mutations") if mutating else None
+        self.map_objects = (
+            _moved(self.webhook.configs, self.webhook.port, self.map_server.port) + native.generate(self.policy)
+            if self.map_server is not None
+            else []
+        )
         self.noop2_configs = _noop_configs(self.webhook2_configs, port)
         self.current = "webhook"
         self.set("none")
@@ -198,6 +234,7 @@ class Configs:
             "noop-2": self.noop2_configs,
             "webhook-2": self.webhook2_configs,
             "native": self.native_objects,
+            "native-map": self.map_objects,
         }
         for other, objs in wanted.items():
             if other != name:
@@ -218,12 +255,13 @@ class Configs:
             noop = self._noop_active()
             two = self._pod_validate_calls() > validated  # an allowed GPU pod reached a validating pods webhook
             vap = _probe_native(cp)
+            maps = _probe_map(cp)
             peers_on = {n for n, p in self.peers.items() if p.effective()}
             if name in PEER_CONFIGS:  # its denial, and no other admission of ours or the floor's
                 ours = self._called(".gpu-admission.io")
-                ok = peers_on == {name} and not ours and not noop and not two and not vap
+                ok = peers_on == {name} and not ours and not noop and not two and not vap and not maps
             else:
-                ok = not peers_on
+                ok = not peers_on and (maps is (name == "native-map"))
             ok = ok and {
                 "none": not denial and not mutated and not noop and not two and not vap,
                 "noop": noop and not denial and not mutated and not two and not vap,
@@ -232,6 +270,7 @@ class Configs:
                 "noop-2": noop and not denial and not mutated and two and not vap,
                 "webhook-2": mutated and "gpu-admission.io" in denial and not noop and two and not vap,
                 "native": mutated and "gpu-admission.io" in denial and not noop and not two and vap,
+                "native-map": mutated and "gpu-admission.io" in denial and not noop and not two and vap,
             }.get(name, True)
             if ok:
                 break
@@ -246,12 +285,14 @@ class Configs:
             peer.stop()
         self.noop.terminate()
         self.noop.wait(10)
-        for obj in self.native_objects:
-            if obj["kind"].startswith("ValidatingAdmissionPolicy"):
+        for obj in self.native_objects + self.map_objects:
+            if obj["kind"].endswith(("AdmissionPolicy", "AdmissionPolicyBinding")):
                 self.cp.kubectl(
                     "delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found", check=False
                 )
         self.native_server.stop()
+        if self.map_server is not None:
+            self.map_server.stop()
         for cfg in self.noop2_configs:
             self.cp.kubectl("delete", cfg["kind"].lower(), cfg["metadata"]["name"], "--ignore-not-found", check=False)
         self.webhook.close()
@@ -280,13 +321,28 @@ def _moved(configs: list[dict[str, Any]], port: int, to: int) -> list[dict[str, 
     return out
 
 
-def _native_server(cp: ControlPlane, webhook: Any, variant: str) -> Any:
+def _set_policy(cp: ControlPlane, overrides: dict[str, Any]) -> Any:
+    """The policy ConfigMap: the shipped policy plus `overrides` (every server reads it); the compiled policy."""
+    import json
+
+    from policies.document import parse_policy_text
+    from tests.e2e.webhook import NAMESPACE, POLICY_CONFIGMAP
+    from webhook.suite import deep_merge
+
+    original = cp.get_json("configmap", POLICY_CONFIGMAP, "-n", NAMESPACE)["data"]["policy.yaml"]
+    text = yaml.safe_dump(deep_merge(yaml.safe_load(original), copy.deepcopy(overrides)), sort_keys=False)
+    cp.kubectl("patch", "configmap", POLICY_CONFIGMAP, "-n", NAMESPACE, "--type=merge", "-p",
+               json.dumps({"data": {"policy.yaml": text}}))  # fmt: skip
+    return parse_policy_text(text)
+
+
+def _native_server(cp: ControlPlane, webhook: Any, variant: str, *extra: str) -> Any:
     """A second `gpu-admission serve`, started with --native, on the same policy ConfigMap and certificates."""
     from tests.e2e.webhook import NAMESPACE, POLICY_CONFIGMAP
     from tests.serverproc import ServerProcess
 
     server = ServerProcess(
-        "--policy-configmap", f"{NAMESPACE}/{POLICY_CONFIGMAP}", "--native",
+        "--policy-configmap", f"{NAMESPACE}/{POLICY_CONFIGMAP}", "--native", *extra,
         tls_dir=webhook.tls, nodes=None, kubeconfig=str(cp.kubeconfig), env=variants.env_for(variant),
     )  # fmt: skip
     server.wait_ready(timeout=30, path="/readyz")
@@ -448,6 +504,8 @@ def _pids(cp: ControlPlane, configs: Configs) -> dict[str, int]:
         out["gpu-admission serve"] = configs.webhook.server.proc.pid
     out["no-op webhook"] = configs.noop.pid
     out[NATIVE_SERVER] = configs.native_server.proc.pid
+    if configs.map_server is not None:
+        out[NATIVE_MAP_SERVER] = configs.map_server.proc.pid
     for name, peer in configs.peers.items():
         if peer.proc is not None:
             out[name] = peer.proc.pid
@@ -461,6 +519,7 @@ HOOKS: dict[str, tuple[str, str]] = {
     "webhook": ("gpu-admission serve", ".gpu-admission.io"),
     "webhook-2": ("gpu-admission serve", ".gpu-admission.io"),
     "native": (NATIVE_SERVER, ".gpu-admission.io"),
+    "native-map": (NATIVE_MAP_SERVER, ".gpu-admission.io"),
     "kyverno": ("kyverno", "kyverno.svc"),
     "gatekeeper": ("gatekeeper", "gatekeeper.sh"),
 }
@@ -593,11 +652,13 @@ def run(
     peer_names: tuple[str, ...] = (),
     burst: Any = None,
     reps: int | None = None,
+    mutating: bool = False,
 ) -> dict[str, Any]:
     """`only`: the configurations to measure (none and webhook always); `only_loads`: the LOADS keys;
     `peer_names`: peers to install and measure too (tests/bench/peerinstall.py); `burst(cp, configs, config, cpus)`:
     one more measurement per configuration and repetition after the loads (the peers part's Job burst)."""
     chosen = tuple(c for c in ALL_CONFIGS if c in ("none", "webhook") or c in only or c in peer_names)
+    chosen = tuple(c for c in chosen if c != "native-map" or mutating)  # without MAPs it would equal native
     reps = reps or (1 if quick else 3)
     counts = (
         {"1": 20, "20": 100, "100": 200, "20@100/s": 50}
@@ -610,7 +671,7 @@ def run(
     try:
         version = cp.server_version().get("gitVersion", "")
         creds = credentials(cp.kubeconfig, tmp)
-        configs = Configs(cp, variant, peer_names)
+        configs = Configs(cp, variant, peer_names, mutating)
         common.say(
             f"apiserver ({variant}): kube-apiserver {version}, control plane + webhook ready in "
             f"{time.monotonic() - t0:.1f}s; {reps} rep(s), pods per run {counts}"
@@ -690,6 +751,7 @@ def run(
     result.update(
         part="apiserver",
         variant=variant,
+        policy=("default + MUTATING_POLICY " + str(MUTATING_POLICY)) if mutating else "default",
         quick=quick,
         kube_apiserver=version,
         repetitions=reps,
@@ -704,6 +766,8 @@ def run(
             "webhook-2": "gpu-admission with deploy/overlays/validate-pods (two calls per Pod: admit + validate)",
             "native": "deploy/overlays/native: serve --native beside the generated ValidatingAdmissionPolicies "
             "(training-queue-priority, scheduler-topology-keys, training-elastic-shrink)",
+            "native-map": "native plus the generated MutatingAdmissionPolicies (gpu-toleration, scheduler-queue), "
+            "serve --native --native-mutations",
             "cel": "ValidatingAdmissionPolicy + binding: "
             + "; ".join(v["message"].split(":")[0] for v in cel.VALIDATIONS),
             "kyverno": "Kyverno's admission controller with tests/bench/peerpolicies/kyverno.yaml",

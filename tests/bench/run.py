@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--loads", default="", help="apiserver, peers: loads to measure, comma-separated LOADS keys "
                     "(e.g. 20,20@100/s; default all)")  # fmt: skip
     ap.add_argument("--reps", type=int, default=None, help="apiserver, peers: repetitions (default 3; --quick 1)")
+    ap.add_argument("--mutating-policy", action="store_true",
+                    help="apiserver: every configuration under the default policy plus apiserver.MUTATING_POLICY, "
+                    "and the native-map configuration (MutatingAdmissionPolicies) measured too")  # fmt: skip
     ns = ap.parse_args(argv)
     if ns.reps is not None and ns.reps < 1:
         ap.error(f"--reps must be 1 or more, not {ns.reps}")
@@ -100,8 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 only=tuple(ns.configs.split(",")) if ns.configs else apiserver.CONFIGS,
                 only_loads=tuple(ns.loads.split(",")) if ns.loads else apiserver.CONCURRENCY,
                 reps=ns.reps,
+                mutating=ns.mutating_policy,
             )
-            path = common.write_json("apiserver" + suffix, result)
+            path = common.write_json("apiserver" + ("-mutating" if ns.mutating_policy else "") + suffix, result)
         elif part == "peers":
             from tests.bench import peers
 
