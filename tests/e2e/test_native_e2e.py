@@ -347,10 +347,14 @@ PROBE = {
 def _wait_mutating_policies(cp: ControlPlane, policy: Policy, namespace: str, timeout: float = 90.0) -> None:
     """Until a training Job asking for GPUs comes out of a dry run as the webhook would make it: the API server
     picks new policies and bindings up asynchronously (seconds apart, more under load)."""
+    from dataclasses import replace
+
     from policies.engine import review
 
     inv = golden.inventory_for(golden.DEFAULT_NODES, policy)
-    want = touched(review(copy.deepcopy(PROBE), policy=policy, inventory=inv).object)
+    generated = native.native_mutations(policy)  # the webhook's other mutations are not the policies' to make
+    only = replace(policy, mutations={m: on and m in generated for m, on in policy.mutations.items()})
+    want = touched(review(copy.deepcopy(PROBE), policy=only, inventory=inv).object)
     deadline = time.monotonic() + timeout
     while True:
         made, problem = created_json(cp, namespace, {**PROBE, "metadata": {"name": "probe", "namespace": namespace}})
