@@ -30,6 +30,7 @@ import yaml
 from policies import native
 from policies.document import Policy
 from policies.engine import Review
+from policies.userkeys import ENFORCEMENT
 from policies.workloads import effective_kind
 from tests import test_golden as golden
 from tests.e2e import crds
@@ -344,9 +345,12 @@ PROBE = {
 }  # fmt: skip
 
 
-def _wait_mutating_policies(cp: ControlPlane, policy: Policy, namespace: str, timeout: float = 90.0) -> None:
-    """Until a training Job asking for GPUs comes out of a dry run as the webhook would make it: the API server
-    picks new policies and bindings up asynchronously (seconds apart, more under load)."""
+def _wait_mutating_policies(
+    cp: ControlPlane, policy: Policy, namespace: str, plain: str, timeout: float = 90.0
+) -> None:
+    """Until a training Job asking for GPUs comes out of a dry run in `namespace` as the webhook would make it
+    from what the API server makes of it in `plain` (no binding matches: its defaults, no mutation): the API
+    server picks new policies and bindings up asynchronously (seconds apart, more under load)."""
     from dataclasses import replace
 
     from policies.engine import review
@@ -354,7 +358,9 @@ def _wait_mutating_policies(cp: ControlPlane, policy: Policy, namespace: str, ti
     inv = golden.inventory_for(golden.DEFAULT_NODES, policy)
     generated = native.native_mutations(policy)  # the webhook's other mutations are not the policies' to make
     only = replace(policy, mutations={m: on and m in generated for m, on in policy.mutations.items()})
-    want = touched(review(copy.deepcopy(PROBE), policy=only, inventory=inv).object)
+    base, problem = created_json(cp, plain, {**PROBE, "metadata": {"name": "probe", "namespace": plain}})
+    assert base is not None, problem
+    want = touched(review(base, policy=only, inventory=inv).object)
     deadline = time.monotonic() + timeout
     while True:
         made, problem = created_json(cp, namespace, {**PROBE, "metadata": {"name": "probe", "namespace": namespace}})
@@ -409,7 +415,9 @@ def test_native_and_webhook_mutations_agree_on_every_golden_case_they_cover(
         for cases in groups.values():
             group_policy = golden.policy_for(cases[0][1]["policy"])
             apply_native(cp, group_policy, ("Mutating",))
-            _wait_mutating_policies(cp, group_policy, namespace_for({"gpu-admission.io/enforcement": "enforce"}))
+            _wait_mutating_policies(
+                cp, group_policy, namespace_for({"gpu-admission.io/enforcement": "enforce"}), webhook_only
+            )
             for cid, case in cases:
                 r, policy, inv, ctx = golden.run_case(case, copy.deepcopy(case["input"]))
                 want, problem = created_json(cp, webhook_only, creatable(r.object, webhook_only))
@@ -455,12 +463,15 @@ def test_overlay_makes_the_inventory_free_mutations_once_in_the_api_server(
     text = yaml.safe_dump(deep_merge(yaml.safe_load(original), copy.deepcopy(MUTATING["kueue"])), sort_keys=False)
     policy = parse_policy_text(text)
     assert native.native_mutations(policy) == set(native.MAP_MUTATIONS)
+    plain = f"native-plain-{uuid.uuid4().hex[:6]}"  # neither the policies nor the webhook mutate there
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": plain, "labels": {ENFORCEMENT: "off"}}}
+    cp.kubectl("create", "-f", "-", input=ns)
     wh = Webhook(cp, "--native", "--native-mutations")
     try:
         cp.kubectl("patch", "configmap", POLICY_CONFIGMAP, "-n", NAMESPACE, "--type=merge", "-p",
                    json.dumps({"data": {"policy.yaml": text}}))  # fmt: skip
         apply_native(cp, policy, ("Validating", "Mutating"))
-        _wait_mutating_policies(cp, policy, namespace)
+        _wait_mutating_policies(cp, policy, namespace, plain)
         job = creatable({**PROBE, "metadata": {"name": "overlay-job"}}, namespace)
         deadline = time.monotonic() + 30
         while True:  # until the webhook serves the new policy (it reloads the ConfigMap from a watch)
@@ -483,3 +494,4 @@ def test_overlay_makes_the_inventory_free_mutations_once_in_the_api_server(
         wh.close()
         for resources in (NATIVE_KINDS, MAP_KINDS):
             cp.kubectl("delete", resources, "-l", "app.kubernetes.io/component=native-policy", check=False)
+        cp.kubectl("delete", "namespace", plain, "--wait=false", check=False)
