@@ -569,6 +569,8 @@ NOT_NATIVE: Mapping[str, str] = {
     "verdicts (quantities are parsed by our own grammar)",
     "training-elastic-shrink (HorizontalPodAutoscaler, ScaledObject)": "reads another object (the target's class)",
     "gpu-slice": "needs the node inventory (the smallest slice the nodes offer that covers the ask)",
+    "gpu-memory-class": "needs the cluster's ResourceSlices and the DeviceClasses `policy deviceclasses` "
+    "generated (the best-fit class)",
     "training-pool": "needs the node inventory (whole-card GPU nodes, or the policy's pool)",
     "online-exclusive": "needs the node inventory (time-sliced and MPS nodes)",
     "training-rack": "needs the node inventory (topology levels) and the pod view (the domain that holds the gang)",
