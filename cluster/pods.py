@@ -27,8 +27,10 @@ of is skipped and counted, never raised.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -74,16 +76,20 @@ class PodSnapshot:
     pods: int  # GPU pods known (and pods with ResourceClaims)
     skipped: int  # pod objects `read` could not make sense of, since start
     claims: int = 0  # ResourceClaims holding GPUs on a node
-    _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    by_resource: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # resource -> node -> units held
+    source: int = 0  # which view (a number unique in the process)
+    # The nodes whose GPUs changed after a version of the view, None when that is no longer known.
+    changed_since: Callable[[int], frozenset[str] | None] | None = field(default=None, compare=False)
 
     def used_of(self, resource: str) -> Mapping[str, int]:
-        """node -> units of one resource held (computed once per snapshot)."""
-        hit = self._derived.get(resource)
-        if hit is None:
-            hit = self._derived[resource] = MappingProxyType(
-                {node: n for node, per in self.used.items() if (n := per.get(resource, 0))}
-            )
-        return hit
+        """node -> units of one resource held."""
+        return self.by_resource.get(resource, _EMPTY)
+
+
+_EMPTY: Mapping[str, int] = MappingProxyType({})
+_SOURCES = itertools.count(1)
+# Node changes remembered for incremental readers (Capacity.changed_since); older ones mean "rebuild".
+CHANGE_LOG = 4096
 
 
 def entry(obj: Any, read: Reader, note: Noter | None = None) -> PodEntry | None:
@@ -184,8 +190,12 @@ class PodView:
         self._on_bound = on_bound
         self._lock = threading.Lock()
         self._entries: dict[str, PodEntry] = {}
-        self._used: dict[str, dict[str, int]] = {}
-        self._jobs: dict[str, dict[str, int]] = {}
+        # Values are replaced, never edited, so a snapshot is a shallow copy of the outer dicts.
+        self._used: dict[str, Mapping[str, int]] = {}
+        self._by_resource: dict[str, dict[str, int]] = {}
+        self._jobs: dict[str, Mapping[str, int]] = {}
+        self._log: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
+        self.source = next(_SOURCES)
         self._version = 0
         self._synced = False
         self.skipped = 0
@@ -256,26 +266,37 @@ class PodView:
         self.apply(Change("SYNCED", "", None, None))
 
     def _count(self, e: PodEntry, sign: int) -> None:
+        """Take a holding pod's GPUs in (+1) or out (-1); the caller bumps the version after."""
         if not e.holding:
             return
-        per = self._used.setdefault(e.node, {})
+        per = dict(self._used.get(e.node, {}))
         for resource, n in e.gpus:
-            left = per.get(resource, 0) + sign * n
-            if left:
-                per[resource] = left
-            else:
-                per.pop(resource, None)
-        if not per:
-            del self._used[e.node]
+            _add(per, resource, sign * n)
+            _add(self._by_resource.setdefault(resource, {}), e.node, sign * n)
+        if per:
+            self._used[e.node] = MappingProxyType(per)
+        else:
+            self._used.pop(e.node, None)
+        self._log.append((self._version + 1, e.node))
         if e.job is not None:
-            nodes = self._jobs.setdefault(e.job, {})
-            left = nodes.get(e.node, 0) + sign
-            if left:
-                nodes[e.node] = left
+            nodes = dict(self._jobs.get(e.job, {}))
+            _add(nodes, e.node, sign)
+            if nodes:
+                self._jobs[e.job] = MappingProxyType(nodes)
             else:
-                nodes.pop(e.node, None)
-            if not nodes:
-                del self._jobs[e.job]
+                self._jobs.pop(e.job, None)
+
+    def changed_since(self, version: int) -> frozenset[str] | None:
+        """Nodes whose GPUs changed after `version` (up to now), None when the log no longer reaches back."""
+        nodes = set()
+        with self._lock:
+            if len(self._log) == CHANGE_LOG and self._log[0][0] > version:
+                return None  # full: entries after `version` may have been dropped
+            for v, node in reversed(self._log):  # newest first: only the entries after `version` are read
+                if v <= version:
+                    break
+                nodes.add(node)
+        return frozenset(nodes)
 
     # -- reads --------------------------------------------------------------------------------------------
 
@@ -291,11 +312,22 @@ class PodView:
             snap = PodSnapshot(
                 version=self._version,
                 synced=self._synced,
-                used=MappingProxyType({n: MappingProxyType(dict(r)) for n, r in self._used.items()}),
-                jobs=MappingProxyType({j: MappingProxyType(dict(n)) for j, n in self._jobs.items()}),
+                used=MappingProxyType(dict(self._used)),
+                jobs=MappingProxyType(dict(self._jobs)),
                 pods=len(self._entries),
                 skipped=self.skipped,
                 claims=len(self._claims),
+                by_resource=MappingProxyType({r: MappingProxyType(dict(u)) for r, u in self._by_resource.items()}),
+                source=self.source,
+                changed_since=self.changed_since,
             )
         self._snap = snap
         return snap
+
+
+def _add(counts: dict[str, int], key: str, n: int) -> None:
+    left = counts.get(key, 0) + n
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key, None)

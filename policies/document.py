@@ -42,6 +42,7 @@ MUTATION_IDS = (
     "training-pool",
     "training-rack",
     "training-node-pack",
+    "reserved-keep-off",
     "job-size",
     "inference-spread",
     "inference-group",

@@ -17,7 +17,7 @@ from policies import dra, placement, userkeys
 from policies.document import Policy
 from policies.exceptions import Exemption
 from policies.inventory import Inventory
-from policies.mutations import MUTATIONS
+from policies.mutations import MUTATIONS, later_pods_reservation
 from policies.native import COVERED_KINDS as NATIVE_KINDS
 from policies.native import cel_asks_gpu, native_mutations
 from policies.patch import JsonOp, diff
@@ -308,11 +308,14 @@ def _namespace(obj: Json) -> str:
 
 
 def _pinned(s: Subject) -> Placement | None:
+    """What the server should reserve after this review: the gang training-rack pinned by best fit, or the
+    unbound pods of a pinned job whose pod is created while the job holds no reservation."""
     d = s.pinned
     job = s.job_id()
-    if d is None or job is None or d.domain is None or d.source != placement.BEST_FIT:
-        return None
-    return Placement(job, d.key, d.domain, s.job.sizes)
+    if d is not None and job is not None and d.domain is not None and d.source == placement.BEST_FIT:
+        return Placement(job, d.key, d.domain, s.job.sizes)
+    again = later_pods_reservation(s)
+    return Placement(again.job, again.key, again.domain, again.sizes) if again is not None else None
 
 
 def _mentions_gpu(obj: Json, ctx: ReviewContext, classes: dra.Classes) -> bool:

@@ -233,6 +233,19 @@ def _count(n: GpuNode, sign: int, t: dict[str, dict[Any, int]]) -> None:
         bump(t["pools"], n.pool)
 
 
+class TopologyEpoch:
+    """One topology epoch (Inventory.topology_epoch): its identity, and answers derived from what stays the
+    same through it (bounded like every memo)."""
+
+    __slots__ = ("_memo",)
+
+    def __init__(self) -> None:
+        self._memo: dict[Any, Any] = {}
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        return memoize(self._memo, key, compute)
+
+
 @dataclass(frozen=True, eq=False)
 class Inventory:
     """One immutable version of the GPU inventory: nodes in a NodeIndex, the maxima rules read, the rack
@@ -261,8 +274,8 @@ class Inventory:
     level_counts: LevelCounts = field(default_factory=lambda: LevelCounts(()))
     # The same object from version to version while no node came or went and nothing the levels read changed
     # (names, slots, level labels, whole-card GPUs): answers derived from those alone (placement's grouping
-    # of candidates by domain) may be reused across heartbeats and label changes elsewhere.
-    topology_epoch: object = field(default_factory=object, compare=False)
+    # of candidates by domain) are kept on it and reused across heartbeats and label changes elsewhere.
+    topology_epoch: TopologyEpoch = field(default_factory=lambda: TopologyEpoch(), compare=False)
     # DeviceClasses (served by the cluster, or the NVIDIA built-ins)
     classes: dra.Classes = field(default_factory=dra.Classes)
     # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
@@ -723,7 +736,7 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         # From the same counts (O(1)); 0 when the policy's declared levels leave the key out of them.
         nvlink_largest = counts.view().key(nvlink_key).largest if nvlink_key else 0
     same_levels = levels is inv.levels
-    epoch = inv.topology_epoch if not levels_touched and rack == inv.rack_label else object()
+    epoch = inv.topology_epoch if not levels_touched and rack == inv.rack_label else TopologyEpoch()
     return Inventory(
         index=index,
         totals=totals,

@@ -25,9 +25,10 @@ from policies.subject import (
     SCHEDULING,
     Pod,
     Subject,
+    grouping,
     meta_map,
 )
-from policies.topology import HOSTNAME, NVLINK_KEYS, ZONE
+from policies.topology import HOSTNAME, NVLINK_KEYS, ZONE, Level, domain_text, domains_text
 from policies.workloads import Json, containers, ray_service_selector
 
 MutationFn = Callable[[Subject, Pod], bool]
@@ -410,24 +411,41 @@ def _prefer_roomiest(s: Subject, p: Pod, d: placement.Decision) -> bool:
 
 
 def no_domain_fits_note(s: Subject, d: placement.Decision) -> str:
-    est = allreduce_estimate(s)
-    factor = est.cross_rack_penalty if est is not None else None
-    cost = f"; all-reduce ≈{factor:.1f}× slower across racks" if factor else ""
-    return f"placement: no rack holds the {s.job.gpus}-GPU job now: prefers {d.roomiest} (most room){cost}"
+    """The `prefer` fallback's warning, naming the level the job is kept in (rack, NVLink clique, block...)."""
+    level = level_of(s, d.key)
+    noun = domain_text(level, s.inventory.rack_label) if level else "rack"
+    factor = _level_factor(s, level)
+    # Short (a warning is cut at 120 characters): the factor only; the deny message gives the assumptions.
+    cost = f"; all-reduce ≈{factor:.1f}× slower split" if factor else ""
+    return f"placement: no {noun} holds the {s.job.gpus}-GPU job now: prefers {d.roomiest} (most room){cost}"
 
 
-def allreduce_estimate(s: Subject) -> comm.Estimate | None:
-    """The comm model's estimate for this job's size (docs/comm-model.md), with the policy's bandwidths."""
+def _level_factor(s: Subject, level: Level | None) -> float | None:
+    """How many times slower the job's all-reduce is over two domains of `level` than in one (comm model)."""
     c = s.policy.comm
-    bw = comm.Bandwidths(
-        nvlink_gbps=c.nvlink_gbps,
-        network_gbps=c.network_gbps,
-        cross_rack_oversubscription=c.cross_rack_oversubscription,
-    )
+    gpus = max(s.job.gpus, 2)
     try:
-        return comm.placement_estimate(c.message_bytes, max(s.job.gpus, 2), s.inventory.max_whole_gpus or 8, bw)
+        if level is not None and level.kind == "nvlink":
+            return comm.nvlink_domain_penalty(c.message_bytes, gpus, c.bandwidths())
+        est = comm.placement_estimate(c.message_bytes, gpus, s.inventory.max_whole_gpus or 8, c.bandwidths())
     except ValueError:
         return None
+    return est.cross_rack_penalty
+
+
+def level_of(s: Subject, key: str | None) -> Level | None:
+    return next((lv for lv in s.inventory.levels if key and lv.key == key), None)
+
+
+def level_penalty(s: Subject, level: Level | None) -> str:
+    """The estimated cost of spreading the job over two domains of `level` (racks when unknown)."""
+    per_node = s.inventory.max_whole_gpus or 8
+    gpus = max(s.job.gpus, 2)
+    kind, across = ("switch", "racks") if level is None else (level.kind, domains_text(level, s.inventory.rack_label))
+    try:
+        return comm.level_phrase(kind, across, s.policy.comm.message_bytes, gpus, per_node, s.policy.comm.bandwidths())
+    except ValueError:
+        return ""
 
 
 def prefers_domain(p: Pod, key: str) -> bool:
@@ -511,12 +529,17 @@ def larger_than_any_rack(s: Subject) -> bool:
 
 def training_node_pack(s: Subject, p: Pod) -> bool:
     """training-node-pack: a multi-pod training job that fits on one node prefers one node
-    (podAffinity weight 100 on kubernetes.io/hostname): NVLink beats any network."""
+    (podAffinity weight 100 on kubernetes.io/hostname): NVLink beats any network. So do the pods of a gang
+    training-rack pinned to a domain when they are smaller than a node: packed, they leave whole nodes free,
+    as the placement chooser counts the gang's reserved GPUs."""
     if p.workload != "training" or not s.job.multi_pod or s.job.key is None or s.job.value is None:
         return False
     if not s.job.gpus_known:
         return False  # a pod of a job of unknown size: its template (reviewed on apply) decided already
-    if not p.ask.asks_gpu or s.inventory.empty or s.job.gpus > s.inventory.max_whole_gpus or s.job.gpus == 0:
+    if not p.ask.asks_gpu or s.inventory.empty or s.job.gpus == 0:
+        return False
+    packed_pin = s.pinned is not None and 0 < p.ask.whole_gpus < s.inventory.max_whole_gpus
+    if s.job.gpus > s.inventory.max_whole_gpus and not packed_pin:
         return False
     changed = _ensure_job_label(s, p)
     term = {
@@ -530,6 +553,89 @@ def training_node_pack(s: Subject, p: Pod) -> bool:
         _add_to_list(p.pod, ("affinity", "podAffinity", "preferredDuringSchedulingIgnoredDuringExecution"), term)
         or changed
     )
+
+
+def reserved_keep_off(s: Subject, p: Pod) -> bool:
+    """reserved-keep-off: a GPU pod created while the server holds GPUs for other pinned gangs stays off the
+    domains where it could take them (the scheduler does not know reservations): required node affinity
+    `NotIn` those domains when the pod, with the rest of its job, fits elsewhere now, else only preferred
+    (weight 100), so no pod becomes unschedulable that would fit somewhere (checklist 4: never half a gang
+    stranded)."""
+    cap, held = s.ctx.capacity, s.ctx.reservations
+    if s.kind != "Pod" or not held or cap is None or not cap.synced or p.ask.whole_gpus <= 0:
+        return False
+    jid = s.job_id()
+    sizes = _unbound_gang(s, p, cap, jid)
+    inv, cands = s.inventory, p.candidates(s.inventory)
+    changed = False
+    for key in sorted({r.key for r in held}):
+
+        def decide(key: str = key) -> tuple[Any, ...]:
+            nodes = grouping(inv, cands, key).at(cap)
+            return (inv, cands, placement.keep_off(nodes, key, sizes, held, jid))
+
+        # Once per pod-view snapshot for the pods of one job (same key, gang and reservations): memoized.
+        k = cap.memo(("keep-off", id(inv), key, cands.mask, sizes, held, jid), decide)[2]
+        if k is not None:
+            changed |= _keep_off(p, k)
+    return changed
+
+
+def _unbound_gang(s: Subject, p: Pod, cap: placement.Capacity, job: str | None) -> tuple[int, ...]:
+    """This pod's GPUs, then those of the job's other pods not yet bound (when the job's size is known)."""
+    own = p.ask.whole_gpus
+    gang = list(s.job.sizes[cap.bound_pods(job) :]) if job is not None and s.job.sizes else []
+    if own in gang:
+        gang.remove(own)
+    return (own, *gang)
+
+
+def _keep_off(p: Pod, k: placement.KeepOff) -> bool:
+    expr = {"key": k.key, "operator": "NotIn", "values": list(k.avoid)}
+    if k.required:
+        return add_node_expressions(p.pod, [expr])
+    term = {"weight": 100, "preference": {"matchExpressions": [expr]}}
+    return _add_to_list(p.pod, ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution"), term)
+
+
+def later_pods_reservation(s: Subject) -> placement.Reservation | None:
+    """A pod of a pinned job created when its job holds no reservation (it expired, or a pod is replaced):
+    the job's pods not yet bound are reserved again in the domain the pod is pinned to, so reserved-keep-off
+    keeps other pods off their GPUs too."""
+    cap, jid = s.ctx.capacity, s.job_id()
+    if s.kind != "Pod" or cap is None or not cap.synced or jid is None or not s.job.sizes or not s.pods:
+        return None
+    domain = job_domain(s)
+    if domain is None or any(r.job == jid for r in s.ctx.reservations):
+        return None
+    pinned = pinned_domain(s.pods[0].pod, domain[0])
+    rest = s.job.sizes[cap.bound_pods(jid) :]
+    if pinned is None or not rest:
+        return None
+    return placement.Reservation(jid, domain[0], pinned, rest)
+
+
+def pinned_domain(pod: Json, key: str) -> str | None:
+    """The one value every required nodeSelectorTerm of the pod pins `key` to (`key In [value]`), else None."""
+    from policies.selectors import required_terms
+
+    found = set()
+    for term in required_terms(pod) or []:
+        exprs = term.get("matchExpressions") if isinstance(term, dict) else None
+        values = [
+            e["values"][0]
+            for e in (exprs if isinstance(exprs, list) else [])
+            if isinstance(e, dict)
+            and e.get("key") == key
+            and e.get("operator") == "In"
+            and isinstance(e.get("values"), list)
+            and len(e["values"]) == 1
+            and isinstance(e["values"][0], str)
+        ]
+        if not values:
+            return None
+        found.update(values)
+    return found.pop() if len(found) == 1 else None
 
 
 def _ensure_job_label(s: Subject, p: Pod) -> bool:
@@ -824,6 +930,7 @@ def _registry() -> tuple[Mutation, ...]:
         ("online-exclusive", online_exclusive, frozenset({NODE_SELECTION})),
         ("training-rack", training_rack, frozenset({POD_AFFINITY, METADATA, NODE_SELECTION})),  # + our job label
         ("training-node-pack", training_node_pack, frozenset({POD_AFFINITY, METADATA})),
+        ("reserved-keep-off", reserved_keep_off, frozenset({NODE_SELECTION})),
         ("job-size", job_size, frozenset({METADATA})),
         ("inference-spread", inference_spread, frozenset({SCHEDULING})),
         ("inference-group", inference_group, frozenset({POD_AFFINITY})),

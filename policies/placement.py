@@ -17,6 +17,7 @@ largest first on the node with the least room that still takes them (best fit), 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,10 @@ class Capacity:
     jobs: Mapping[str, Mapping[str, int]]  # job id -> node name -> pods of the job bound there
     synced: bool = True
     version: int = 0
+    # Which pod view this is a snapshot of, and the nodes whose GPUs changed there after a version (None:
+    # not known any more): the per-domain counts are then updated for those domains only (`Grouping`).
+    source: int = 0
+    changed_since: Callable[[int], frozenset[str] | None] | None = field(default=None, compare=False)
     # Answers derived from this snapshot (it never changes: the pod view publishes a new one per event).
     _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -84,7 +89,6 @@ class Room:
     fits: bool  # its free GPUs hold the gang now (after others' reservations)
     pieces: int  # free pieces the size of the gang's largest pod
     free_gpus: int
-    shortfall: int  # GPUs that must free up before the gang fits (0 when it fits)
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,10 @@ class DomainNodes:
     free: Mapping[str, tuple[int, ...]]
     node_domain: Mapping[str, str]
 
+    @property
+    def domains(self) -> list[str]:
+        return sorted(self.allocatable)
+
 
 def job_id(namespace: str, key: str, value: str) -> str:
     """One job across reviews: its namespace and identity label (pods and templates agree on it)."""
@@ -118,29 +126,58 @@ def job_id(namespace: str, key: str, value: str) -> str:
 
 def group(nodes: Iterable[Any], key: str, capacity: Capacity | None) -> DomainNodes:
     """Candidate nodes (GpuNode-like: name, labels, whole_gpus) by their value of `key`, with free GPUs."""
-    alloc: dict[str, list[int]] = {}
-    free: dict[str, list[int]] = {}
-    where: dict[str, str] = {}
-    used = capacity.used if capacity is not None else {}
-    for n in nodes:
-        domain = n.labels.get(key)
-        if not domain or n.whole_gpus <= 0:
-            continue
-        where[n.name] = domain
-        alloc.setdefault(domain, []).append(n.whole_gpus)
-        free.setdefault(domain, []).append(max(n.whole_gpus - used.get(n.name, 0), 0))
-    return DomainNodes(
-        {d: tuple(sorted(v)) for d, v in alloc.items()},
-        {d: tuple(sorted(v)) for d, v in free.items()},
-        where,
-    )
+    return Grouping(nodes, key).at(capacity)
 
 
-def place(free: Sequence[int], sizes: Sequence[int], *, spread: bool = False) -> tuple[int, ...] | None:
+class Grouping:
+    """One set of candidate nodes by domain of `key`, kept across pod-view snapshots: built once (O(nodes)),
+    then each newer snapshot of the same view recomputes only the domains of the nodes whose GPUs changed
+    since the last one (`Capacity.changed_since`), so a review after a pod event does not walk every node.
+    Shared by concurrent reviews: `_last` is replaced whole, a race only recomputes."""
+
+    def __init__(self, nodes: Iterable[Any], key: str) -> None:
+        members: dict[str, list[tuple[str, int]]] = {}
+        for n in nodes:
+            domain = n.labels.get(key)
+            if domain and n.whole_gpus > 0:
+                members.setdefault(domain, []).append((n.name, n.whole_gpus))
+        self.members = {d: tuple(m) for d, m in members.items()}
+        where = {name: d for d, m in self.members.items() for name, _ in m}
+        alloc = {d: tuple(sorted(g for _, g in m)) for d, m in self.members.items()}
+        self.static = DomainNodes(alloc, alloc, where)
+        self._last: tuple[int, int, DomainNodes] | None = None
+
+    def at(self, capacity: Capacity | None) -> DomainNodes:
+        if capacity is None:
+            return self.static
+        last = self._last
+        changed = None
+        if last is not None and last[0] == capacity.source:
+            if last[1] == capacity.version:
+                return last[2]
+            if capacity.changed_since is not None and capacity.version > last[1]:
+                changed = capacity.changed_since(last[1])
+        used = capacity.used
+        if last is None or changed is None:
+            free = {d: _free(m, used) for d, m in self.members.items()}
+        else:
+            free = dict(last[2].free)
+            where = self.static.node_domain
+            for d in {where[n] for n in changed if n in where}:
+                free[d] = _free(self.members[d], used)
+        out = DomainNodes(self.static.allocatable, free, self.static.node_domain)
+        self._last = (capacity.source, capacity.version, out)
+        return out
+
+
+def _free(members: Sequence[tuple[str, int]], used: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(sorted(max(g - used.get(name, 0), 0) for name, g in members))
+
+
+def place(free: Sequence[int], sizes: Sequence[int]) -> tuple[int, ...] | None:
     """Best fit decreasing: each pod, largest first, on the node with the least free GPUs that still takes
-    it (`spread`: the most, as kube-scheduler's least-allocated scoring tends to). The nodes' free GPUs
-    afterwards (sorted), or None when some pod finds no node."""
-    left = sorted(free, reverse=spread)
+    it. The nodes' free GPUs afterwards (sorted), or None when some pod finds no node."""
+    left = sorted(free)
     for size in sorted(sizes, reverse=True):
         for i, f in enumerate(left):
             if f >= size:
@@ -148,8 +185,6 @@ def place(free: Sequence[int], sizes: Sequence[int], *, spread: bool = False) ->
                 break
         else:
             return None
-        if spread:
-            left.sort(reverse=True)
     return tuple(sorted(left))
 
 
@@ -179,24 +214,38 @@ def shortfall(free: Sequence[int], alloc: Sequence[int], sizes: Sequence[int]) -
     return needed
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _shortfall(free: tuple[int, ...], alloc: tuple[int, ...], sizes: tuple[int, ...]) -> int:
+    return shortfall(free, alloc, sizes)  # by value: domains alike (and unchanged) cost a lookup
+
+
 def rooms(nodes: DomainNodes, sizes: Sequence[int], reservations: Sequence[Reservation]) -> tuple[Room, ...]:
     """Each domain's room for the gang, after the others' reservations (placed like gangs, best fit)."""
+    gang = tuple(sizes)
+    held = {r.domain for r in reservations}
     out = []
-    size = max(sizes, default=0)
-    for domain in sorted(nodes.allocatable):
-        alloc = nodes.allocatable[domain]
-        free: tuple[int, ...] | None = nodes.free[domain]
-        for r in reservations:
-            # Others' pods yet to bind are assumed spread over the nodes (the default scheduler spreads; our
-            # pins do not pack): counting them packed would promise pieces their spread pods will split.
-            if r.domain == domain and free is not None:
-                free = place(free, r.sizes, spread=True) or tuple(0 for _ in free)  # no longer fits: all taken
-        assert free is not None
-        holds = place(alloc, sizes) is not None
-        fits = holds and place(free, sizes) is not None
-        missing = 0 if fits or not holds else shortfall(free, alloc, sizes)
-        out.append(Room(domain, holds, fits, pieces(free, size), sum(free), missing))
+    for domain in nodes.domains:
+        free = nodes.free[domain]
+        if domain in held:
+            free = after_reservations(free, domain, reservations)
+        holds, fits, n, gpus = _room(nodes.allocatable[domain], free, gang)
+        out.append(Room(domain, holds, fits, n, gpus))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _room(alloc: tuple[int, ...], free: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[bool, bool, int, int]:
+    """(holds, fits, pieces, free GPUs) of one domain: by value, so unchanged domains cost a lookup."""
+    holds = place(alloc, sizes) is not None
+    return holds, holds and place(free, sizes) is not None, pieces(free, max(sizes, default=0)), sum(free)
+
+
+def after_reservations(free: Sequence[int], domain: str, reservations: Sequence[Reservation]) -> tuple[int, ...]:
+    """A domain's free GPUs per node once others' reserved pods are placed there like any gang: per node in
+    pod-sized pieces, best fit (training-node-pack asks the scheduler to pack a pinned gang's pods, and
+    reserved-keep-off keeps other pods off what is left to it). Reservations that no longer fit take all."""
+    left = _placed(free, domain, reservations)
+    return left if left is not None else tuple(0 for _ in free)
 
 
 def decide(
@@ -233,13 +282,28 @@ def decide(
     if fitting:
         best = min(fitting, key=lambda r: (r.pieces, r.free_gpus, r.domain))
         return Decision(key, BEST_FIT, best.domain, eligible)
-    roomiest = max(all_rooms, key=lambda r: (r.pieces, r.free_gpus, _desc(r.domain)))
-    closest = min((r for r in all_rooms if r.holds), key=lambda r: (r.shortfall, r.domain))
-    return Decision(key, NONE_FITS_NOW, None, eligible, roomiest.domain, closest.domain, closest.shortfall)
+    most = max((r.pieces, r.free_gpus) for r in all_rooms)
+    roomiest = min(r.domain for r in all_rooms if (r.pieces, r.free_gpus) == most)  # a tie: the first name
+    missing, closest = _closest(nodes, sizes, others, all_rooms)
+    return Decision(key, NONE_FITS_NOW, None, eligible, roomiest, closest, missing)
 
 
-def _desc(name: str) -> tuple[int, ...]:
-    return tuple(-ord(c) for c in name)  # max() over names: the first in sorted order wins a tie
+def _closest(
+    nodes: DomainNodes, sizes: Sequence[int], others: Sequence[Reservation], all_rooms: Sequence[Room]
+) -> tuple[int, str]:
+    """(GPUs to free, domain): the eligible domain needing the fewest GPUs to free up, then by name. The
+    exact count is costly: domains are tried by a lower bound (GPUs missing in total) and the search stops
+    once no bound can beat the best found."""
+    need = sum(sizes)
+    best: tuple[int, str] | None = None
+    for bound, domain in sorted((max(need - r.free_gpus, 0), r.domain) for r in all_rooms if r.holds):
+        if best is not None and (bound, domain) > best:
+            break
+        free = after_reservations(nodes.free[domain], domain, others)
+        found = (_shortfall(free, nodes.allocatable[domain], tuple(sizes)), domain)
+        best = found if best is None else min(best, found)
+    assert best is not None  # the caller found an eligible domain
+    return best
 
 
 def gang_sizes(gpus: int, per_pod: int) -> tuple[int, ...]:
@@ -249,3 +313,52 @@ def gang_sizes(gpus: int, per_pod: int) -> tuple[int, ...]:
         return ()
     full, rest = divmod(gpus, per_pod)
     return (per_pod,) * full + ((rest,) if rest else ())
+
+
+@dataclass(frozen=True)
+class KeepOff:
+    """Domains of topology label `key` a pod should stay off because, landing there, it could take GPUs
+    reserved for another job; `required` when the pod (with the rest of its gang) fits elsewhere now."""
+
+    key: str
+    avoid: tuple[str, ...]
+    required: bool
+
+
+def keep_off(
+    nodes: DomainNodes, key: str, sizes: Sequence[int], reservations: Sequence[Reservation], job: str | None
+) -> KeepOff | None:
+    """Where a pod of `sizes` (its own first, then its gang's unbound rest) must not go so that others'
+    reservations still fit: a reserved domain is avoided when some node the pod could land on there (any
+    node with room: the scheduler does not know the reservation) leaves the reserved gangs no placement.
+    None when nothing is at risk, or when the pod could only go where GPUs are reserved (nothing to prefer)."""
+    held = [r for r in reservations if r.key == key and r.job != job and r.domain in nodes.free]
+    if not held or not sizes:
+        return None
+    avoid = tuple(sorted(d for d in {r.domain for r in held} if _lands_on_reserved(nodes.free[d], sizes[0], d, held)))
+    if not avoid:
+        return None
+    rest = [f for d, free in nodes.free.items() if d not in avoid for f in after_reservations(free, d, held)]
+    if not any(f >= sizes[0] for f in rest):
+        return None
+    return KeepOff(key, avoid, place(rest, sizes) is not None)
+
+
+def _lands_on_reserved(free: Sequence[int], size: int, domain: str, held: Sequence[Reservation]) -> bool:
+    """Some node of the domain takes the pod and, with it there, the domain's reservations no longer fit."""
+    for f in sorted(set(free)):
+        if f >= size:
+            left = list(free)
+            left[left.index(f)] = f - size
+            if _placed(left, domain, held) is None:
+                return True
+    return False
+
+
+def _placed(free: Sequence[int], domain: str, held: Sequence[Reservation]) -> tuple[int, ...] | None:
+    """The domain's free GPUs per node after its reserved gangs, placed best fit; None if they do not fit."""
+    left: tuple[int, ...] | None = tuple(sorted(free))
+    for r in held:
+        if r.domain == domain and left is not None:
+            left = place(left, r.sizes)
+    return left

@@ -19,13 +19,15 @@ from policies.mutations import (
     job_domain,
     larger_than_any_clique,
     larger_than_any_rack,
+    level_of,
+    level_penalty,
     no_domain_fits_note,
     prefers_domain,
 )
 from policies.quantity import format_bytes
 from policies.resources import GPU, ContainerAsk, is_mig, is_shared, pod_ask
 from policies.subject import Pod, Subject, meta_map
-from policies.topology import Level, domains_text
+from policies.topology import Level, domain_text, domains_text
 from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, containers, effective_kind, templates
 
 
@@ -50,20 +52,9 @@ def _training_pods(s: Subject) -> list[Pod]:
     return [p for p in s.gpu_pods if p.workload == "training"]
 
 
-def _penalty(s: Subject, level: Level | None) -> str:
-    """The estimated cost of spreading the job over two domains of `level` (racks when unknown)."""
-    per_node = s.inventory.max_whole_gpus or 8
-    gpus = max(s.job.gpus, 2)
-    kind, across = ("switch", "racks") if level is None else (level.kind, domains_text(level, s.inventory.rack_label))
-    try:
-        return comm.level_phrase(kind, across, s.policy.comm.message_bytes, gpus, per_node, s.policy.comm.bandwidths())
-    except ValueError:
-        return ""
-
-
 def _job_level(s: Subject) -> Level | None:
     domain = job_domain(s)
-    return next((lv for lv in s.inventory.levels if domain and lv.key == domain[0]), None)
+    return level_of(s, domain[0] if domain else None)
 
 
 def training_same_rack(s: Subject) -> list[Violation]:
@@ -90,7 +81,7 @@ def training_same_rack(s: Subject) -> list[Violation]:
     roles = ", ".join(sorted({p.template.role for p in missing}))
     size = f"{s.job.gpus} GPUs" if s.job.gpus else "multi-pod"
     level = _job_level(s)
-    penalty = _penalty(s, level)
+    penalty = level_penalty(s, level)
     why = f"; {penalty}" if penalty else ""
     domain = job_domain(s)
     if domain is None:
@@ -113,9 +104,11 @@ def training_same_rack(s: Subject) -> list[Violation]:
 def _no_domain_fits(s: Subject, d: placement.Decision) -> Violation:
     gang = s.job.sizes
     shape = f"{len(gang)}x{gang[0]}" if gang and len(set(gang)) == 1 else f"{len(gang)}-pod"
+    level = level_of(s, d.key)
+    noun = domain_text(level, s.inventory.rack_label) if level else d.key
     found = (
-        f"no {d.key} has room for the {s.job.gpus}-GPU job ({shape} GPUs) now; {d.closest} would once "
-        f"{d.shortfall} more GPUs free up there"
+        f"no {noun} ({d.key}) has room for the {s.job.gpus}-GPU job ({shape} GPUs) now; {d.closest} would "
+        f"once {d.shortfall} more GPUs free up there"
     )
     return Violation(found, "retry when GPUs free up, or set placement.whenNoDomainFits: prefer in the policy")
 

@@ -198,10 +198,15 @@ def rack_or_finer(rack_label: str | None) -> frozenset[str]:
     return frozenset(keys)
 
 
+def domain_text(level: Level, rack_key: str | None) -> str:
+    """How messages name one domain of a level: `rack`, `NVLink clique`, `zone`, `network-node-layer-2 domain`."""
+    if level.kind == "nvlink":
+        return "NVLink clique"
+    if level.kind == "zone":
+        return "zone"
+    return "rack" if level.key == rack_key else f"{level.key.rsplit('/', 1)[-1]} domain"
+
+
 def domains_text(level: Level, rack_key: str | None) -> str:
     """How messages name a level's domains: `racks`, `NVLink cliques`, `zones`, `network-node-layer-2 domains`."""
-    if level.kind == "nvlink":
-        return "NVLink cliques"
-    if level.kind == "zone":
-        return "zones"
-    return "racks" if level.key == rack_key else f"{level.key.rsplit('/', 1)[-1]} domains"
+    return domain_text(level, rack_key) + "s"

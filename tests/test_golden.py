@@ -119,6 +119,7 @@ def run_case(case: dict[str, Any], obj: Any) -> tuple[Review, Policy, inventory_
         exceptions=excs,
         now=now,
         cel_check=cel_checker(),
+        reservations=suite.reservations_for(case.get("reservations") or []),
     )
     return review(obj, policy=policy, inventory=inv, ctx=ctx), policy, inv, ctx
 

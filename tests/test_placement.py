@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster.pods import PodView
 from cluster.reflector import Change
@@ -98,19 +100,21 @@ def test_place_is_best_fit_decreasing_in_pod_sized_pieces() -> None:
     assert place((4, 4, 4, 4), (8,)) is None  # 16 free GPUs, but no node takes an 8-GPU pod
     assert place((12, 4), (8, 4, 4)) == (0, 0)  # best fit keeps the 12-GPU node for the large pod
     assert placement.pieces((12, 4, 7), 4) == 5
-    # spread (how reserved pods are assumed to land): 4-GPU pods on the emptiest nodes split 8-GPU pieces
-    assert place((8, 8, 8, 8), (4, 4, 4, 4), spread=True) == (4, 4, 4, 4)
     assert place((8, 8, 8, 8), (4, 4, 4, 4)) == (0, 0, 8, 8)
 
 
-def test_a_reservation_of_small_pods_is_assumed_spread_over_the_rack() -> None:
-    """rack-big reserved for 4x4-GPU pods: spread, they leave no free 8-GPU node there for a 2x8 gang."""
+def test_a_reservation_is_counted_per_node_in_pod_sized_pieces() -> None:
+    """rack-big reserved for 4x4-GPU pods: packed like any gang (training-node-pack packs them), they leave two
+    whole 8-GPU nodes there, so a 2x8 gang still fits; a third 8-GPU pod would not."""
     cap = capacity(bound_pod("x", "h100-small-1", 1))  # rack-small cannot take 2x8 now
     held = Reservation("ns/j=first", RACK, "rack-big", (4, 4, 4, 4))
     d = decide(group(INV.nodes, RACK, cap), RACK, (8, 8), cap, (held,), "ns/j=second")
+    assert d is not None and (d.source, d.domain) == (placement.BEST_FIT, "rack-big")
+    d = decide(group(INV.nodes, RACK, cap), RACK, (8, 8, 8), cap, (held,), "ns/j=second")
     assert d is not None and d.source == placement.NONE_FITS_NOW
-    rooms = {r.domain: r for r in placement.rooms(group(INV.nodes, RACK, cap), (4, 4), (held,))}
-    assert rooms["rack-big"].fits and rooms["rack-big"].pieces == 4  # 4 GPUs left on each node
+    rooms = {r.domain: r for r in placement.rooms(group(INV.nodes, RACK, cap), (8,), (held,))}
+    assert rooms["rack-big"].fits and (rooms["rack-big"].pieces, rooms["rack-big"].free_gpus) == (2, 16)
+    assert placement.after_reservations((8, 8, 2), "r", (Reservation("j", RACK, "r", (8, 8, 8)),)) == (0, 0, 0)
 
 
 def test_shortfall_counts_the_gpus_that_must_free_up() -> None:
@@ -214,7 +218,7 @@ def test_deny_when_no_rack_fits_now_says_which_rack_would_fit_and_when() -> None
     r = run(job("j", 6, 4), cap, placement={"whenNoDomainFits": "deny"})
     assert not r.allowed and [d.rule for d in r.denials] == ["training-same-rack"]
     msg = r.denials[0].message
-    assert "no topology.kubernetes.io/rack has room for the 24-GPU job (6x4 GPUs) now" in msg
+    assert "no rack (topology.kubernetes.io/rack) has room for the 24-GPU job (6x4 GPUs) now" in msg
     assert "rack-big would once 8 more GPUs free up there" in msg and "\n" not in msg
     assert rack_terms(r.object)["preferred_racks"] == []
 
@@ -287,6 +291,83 @@ def test_a_placement_is_reused_across_heartbeats_and_redone_when_a_rack_changes(
     again = review(job("j", 2, 8), policy=pol, inventory=moved, ctx=ctx).placement
     assert first is not None and again is not None
     assert (first.domain, again.domain) == ("rack-small", "rack-big")
+
+
+def test_a_pinned_gang_of_pods_smaller_than_a_node_is_packed_as_its_reservation_is_counted() -> None:
+    r = run(job("j", 6, 4), capacity())
+    assert rack_terms(r.object)["required_racks"] == ["rack-big"] and "training-node-pack" in r.mutations
+    pref = r.object["spec"]["template"]["spec"]["affinity"]["podAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert [t["podAffinityTerm"]["topologyKey"] for t in pref] == ["kubernetes.io/hostname"]
+    # 8-GPU pods fill their nodes anyway, and an unpinned gang (no view) is not asked to pack
+    assert "training-node-pack" not in run(job("j", 4, 8), capacity()).mutations
+    assert "training-node-pack" not in run(job("j", 6, 4), None).mutations
+
+
+# --- keeping other pods off reserved GPUs ------------------------------------------------------------------------
+
+HELD = Reservation("ml-research/batch.kubernetes.io/job-name=held", RACK, "rack-small", (8, 8))
+
+
+def test_keep_off_avoids_a_reserved_rack_only_where_a_pod_could_break_the_reservation() -> None:
+    nodes = group(INV.nodes, RACK, capacity())
+    k = placement.keep_off(nodes, RACK, (4,), (HELD,), "ns/other")
+    assert k == placement.KeepOff(RACK, ("rack-small",), True)
+    assert placement.keep_off(nodes, RACK, (4,), (HELD,), HELD.job) is None  # its own job's pods
+    # rack-big reserved for 2x8: a 4-GPU pod anywhere there leaves two whole nodes, nothing at risk
+    big = Reservation("ns/j=big", RACK, "rack-big", (8, 8))
+    assert placement.keep_off(nodes, RACK, (4,), (big,), "ns/other") is None
+    # ... but for 4x8, the pod on any node leaves three: rack-big is avoided
+    big3 = Reservation("ns/j=big", RACK, "rack-big", (8, 8, 8, 8))
+    assert placement.keep_off(nodes, RACK, (4,), (big3,), "ns/other") == placement.KeepOff(RACK, ("rack-big",), True)
+
+
+def test_keep_off_is_required_only_when_the_pod_and_its_unbound_gang_fit_elsewhere_now() -> None:
+    cap = capacity(bound_pod("a", "h100-big-1", 6), *(bound_pod(f"b{i}", f"h100-big-{i}", 8) for i in (2, 3, 4)))
+    nodes = group(INV.nodes, RACK, cap)  # rack-big: 2 GPUs free on one node
+    assert placement.keep_off(nodes, RACK, (2,), (HELD,), None) == placement.KeepOff(RACK, ("rack-small",), True)
+    assert placement.keep_off(nodes, RACK, (2, 2), (HELD,), None) == placement.KeepOff(RACK, ("rack-small",), False)
+    assert placement.keep_off(nodes, RACK, (4,), (HELD,), None) is None  # only reserved GPUs could take it
+
+
+def test_a_pod_created_during_a_reservation_gets_required_not_in_and_a_second_pass_adds_nothing() -> None:
+    pod = bound_pod("p", "", 4)
+    r = run(pod, capacity(), (HELD,))
+    assert r.mutations == ("reserved-keep-off",)
+    req = r.object["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert req["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": RACK, "operator": "NotIn", "values": ["rack-small"]}]}
+    ]
+    assert run(r.object, capacity(), (HELD,)).mutations == ()
+    # no pod view synced, no reservation, or a template (its pods are reviewed when created): nothing
+    assert run(pod, None, (HELD,)).mutations == ()
+    assert run(pod, capacity(), ()).mutations == ()
+    unsynced = capacity_of(PodView(pod_facts).snapshot())
+    assert not unsynced.synced and run(pod, unsynced, (HELD,)).mutations == ()
+
+
+def test_a_pinned_jobs_later_pod_reserves_the_jobs_unbound_pods_again() -> None:
+    """A pod of a job pinned to rack-big, created when the job holds no reservation (expired, or a pod is
+    replaced): the job's pods not yet bound are reserved again, so other pods are kept off their GPUs."""
+    jid = "ml-research/batch.kubernetes.io/job-name=j"
+    cap = capacity(bound_pod("j-0", "h100-big-1", 8, "j"), bound_pod("j-1", "h100-big-2", 8, "j"))
+    pod = bound_pod("j-2", "", 8, job_name="j")
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = "2"
+    pod["metadata"]["annotations"] = {"gpu-admission.io/job-gpus": "32"}
+    pin = {"matchExpressions": [{"key": RACK, "operator": "In", "values": ["rack-big"]}]}
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [pin]}}
+    }
+    assert run(pod, cap).placement == Placement(jid, RACK, "rack-big", (8, 8))
+    assert run(pod, cap, (Reservation(jid, RACK, "rack-big", (8,)),)).placement is None  # still reserved
+    assert run(pod, None).placement is None  # no pod view: nothing to count against
+    # a bare pod of the job without the pin: training-rack joins its bound peers, and that pin is reserved too
+    unpinned = copy.deepcopy(pod)
+    del unpinned["spec"]["affinity"]
+    r = run(unpinned, cap)
+    assert rack_terms(r.object)["required_racks"] == ["rack-big"]
+    assert r.placement == Placement(jid, RACK, "rack-big", (8, 8))
 
 
 # --- the pod view ------------------------------------------------------------------------------------------------
@@ -377,3 +458,51 @@ def test_reservations_end_when_the_pods_are_seen_bound_or_expire() -> None:
     store.record(Placement(job_id, RACK, "rack-big", (8, 8)), 60)
     now[0] = 61.0
     assert store.active() == () and store.expired == 1
+
+
+# --- incremental counts: the same answers as counting from scratch ---------------------------------------------
+
+_NODE = st.tuples(st.sampled_from(("r1", "r2", "r3")), st.sampled_from((4, 8)))
+# a pod event: (pod number, node number or None = delete, GPUs)
+_EVENT = st.tuples(st.integers(0, 11), st.one_of(st.none(), st.integers(0, 7)), st.integers(1, 8))
+
+
+@given(st.lists(_NODE, min_size=1, max_size=8), st.lists(_EVENT, max_size=40), st.integers(1, 4))
+@settings(max_examples=150, deadline=None)
+def test_grouping_kept_per_snapshot_equals_counting_from_scratch(
+    nodes: list[tuple[str, int]], events: list[tuple[int, int | None, int]], every: int
+) -> None:
+    """Per-domain free GPUs updated from the pod view's changed nodes match a full recount after every
+    snapshot read (reads every `every` events, so several changes pile up between two reads)."""
+    from types import SimpleNamespace
+
+    gpu_nodes = [SimpleNamespace(name=f"n{i}", labels={RACK: d}, whole_gpus=g) for i, (d, g) in enumerate(nodes)]
+    kept = placement.Grouping(gpu_nodes, RACK)
+    view = PodView(pod_facts)
+    view.load({})
+    for i, (pod, node, gpus) in enumerate(events):
+        key = f"ns/p{pod}"
+        if node is None:
+            view.apply(Change("DELETED", key, None, None))
+        else:
+            view.apply(Change("MODIFIED", key, None, bound_pod(f"p{pod}", f"n{node}", gpus)))
+        if i % every == 0:
+            cap = capacity_of(view.snapshot())
+            assert kept.at(cap) == placement.Grouping(gpu_nodes, RACK).at(cap)
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 8), min_size=1, max_size=4), min_size=1, max_size=4),
+    st.lists(st.sampled_from((2, 4, 8)), min_size=1, max_size=5),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_closest_domain_is_the_exact_minimum_of_the_shortfalls(frees: list[list[int]], sizes: list[int]) -> None:
+    domains = {f"d{i}": tuple(sorted(f)) for i, f in enumerate(frees)}
+    nodes = placement.DomainNodes({d: (8,) * len(f) for d, f in domains.items()}, domains, {})
+    all_rooms = placement.rooms(nodes, sizes, ())
+    if not any(r.holds for r in all_rooms):
+        return
+    exact = min(
+        (shortfall(nodes.free[r.domain], nodes.allocatable[r.domain], sizes), r.domain) for r in all_rooms if r.holds
+    )
+    assert placement._closest(nodes, sizes, (), all_rooms) == exact

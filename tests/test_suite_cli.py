@@ -194,6 +194,17 @@ HOSTILE: list[tuple[str, str | bytes, str]] = [
         "exceptions: spec.rules[0]: Unsupported value: 'nope'",
     ),
     ("bad-now.yaml", "description: x\nnow: yesterday\ninput: {}\nexpect: {allowed: true}\n", "now: must be a time"),
+    (
+        "bad-reservation.yaml",
+        "description: x\nreservations: [{job: a/b=c, key: rack, domain: r, sizes: [8, 0]}]\ninput: {}\n"
+        "expect: {allowed: true}\n",
+        "reservations[0]: must be {job, key, domain, sizes: [GPUs per pod, ...]}",
+    ),
+    (
+        "reservations-mapping.yaml",
+        "description: x\nreservations: {job: a}\ninput: {}\nexpect: {allowed: true}\n",
+        "reservations[0]: must be",
+    ),
     ("no-description.yaml", "input: {}\nexpect: {allowed: true}\n", "description: required"),
     (
         "missing-nodes.yaml",

@@ -673,7 +673,14 @@ def _trim() -> None:
 
 def capacity_of(snap: PodSnapshot) -> Capacity:
     """The engine's view of a pod snapshot: whole GPUs held per node, and where each job's pods are."""
-    return Capacity(used=snap.used_of(GPU), jobs=snap.jobs, synced=snap.synced, version=snap.version)
+    return Capacity(
+        used=snap.used_of(GPU),
+        jobs=snap.jobs,
+        synced=snap.synced,
+        version=snap.version,
+        source=snap.source,
+        changed_since=snap.changed_since,
+    )
 
 
 def _read_settled(path: str, settle: float, stop: threading.Event) -> str | None:

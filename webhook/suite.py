@@ -34,7 +34,7 @@ from policies.document import (
     default_policy_text,
 )
 from policies.engine import Review, ReviewContext, review
-from policies.placement import Capacity
+from policies.placement import Capacity, Reservation
 from policies.subject import pod_facts
 from webhook.cmd_check import cel_checker
 from webhook.manifests import MANIFEST_SUFFIXES, Limits, ManifestError, load_objects, parse_documents
@@ -46,6 +46,7 @@ CASE_KEYS = (
     "description",
     "nodes",
     "pods",
+    "reservations",
     "policy",
     "namespaceLabels",
     "related",
@@ -256,6 +257,7 @@ def case_problem(doc: Any) -> str | None:
     if "input" not in doc:
         checks.append("input: required, the object to review")
     checks += [_ref_problem(doc.get("nodes"), "nodes"), _ref_problem(doc.get("pods"), "pods")]
+    checks.append(_reservations_problem(doc.get("reservations")))
     for key, kind in (("policy", dict), ("namespaceLabels", dict), ("related", list), ("exceptions", list)):
         if key in doc and not isinstance(doc[key], kind):
             checks.append(f"{key}: must be a {'mapping' if kind is dict else 'list'}")
@@ -265,6 +267,22 @@ def case_problem(doc: Any) -> str | None:
         checks.append("xfail: must be the reason, a string")
     checks.append(_expect_problem(doc.get("expect")))
     return next((c for c in checks if c), None)
+
+
+def _reservations_problem(value: Any) -> str | None:
+    if value is None:
+        return None
+    for i, r in enumerate(value if isinstance(value, list) else [None]):
+        ok = isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("job", "key", "domain"))
+        sizes = r.get("sizes") if isinstance(r, dict) else None
+        if not ok or not isinstance(sizes, list) or not all(type(n) is int and n > 0 for n in sizes):
+            return f"reservations[{i}]: must be {{job, key, domain, sizes: [GPUs per pod, ...]}}"
+    return None
+
+
+def reservations_for(items: list[Any]) -> tuple[Reservation, ...]:
+    """The server's open reservations: {job, key, domain, sizes} each (job as placement.job_id spells it)."""
+    return tuple(Reservation(r["job"], r["key"], r["domain"], tuple(r["sizes"])) for r in items)
 
 
 def _expect_problem(expect: Any) -> str | None:
@@ -390,6 +408,7 @@ class Builder:
             exceptions=excs,
             now=now,
             cel_check=self.cel_check,
+            reservations=reservations_for(case.get("reservations") or []),
         )
         return review(obj, policy=policy, inventory=inv, ctx=ctx), policy, inv, ctx
 

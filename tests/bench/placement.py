@@ -325,6 +325,13 @@ def summary(run: Run, stream_steps: int) -> dict[str, Any]:
         "pending_steps_median": common.median(waits),
         "pending_steps_p90": common.percentile(waits, 90),
         "seconds": common.rnd(run.seconds, 1),
+        # the trace behind the figures: allocation per step, and per job when it came, ran and where
+        "allocation_per_step_pct": [common.rnd(100 * a, 1) for a in run.allocation],
+        "trace": {
+            j.spec.name: f"{j.spec.pods}x{j.spec.gpus} arrive {j.submitted} ran {j.ran} racks {sorted(j.racks)} "
+            f"room {j.room_at_submit} partial {j.partial_with_room if j.partial else '-'}"
+            for j in jobs
+        },
     }
 
 

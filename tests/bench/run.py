@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from tests.bench import common
 
-PARTS = ("engine", "server", "apiserver", "apiprofile", "scale", "placement", "peers")
+PARTS = ("engine", "server", "apiserver", "apiprofile", "scale", "placement", "placement-cost", "peers")
 ALL = PARTS[:-1]  # `all`: peers only when named (it needs scripts/peers/build.sh and runs ~40 min)
 
 
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             data = json.loads(path.read_text())
             common.say(f"== {part} ({data['machine'].get('revision', '?')}, {data['machine'].get('time', '?')})")
-            module = importlib.import_module(f"tests.bench.{part}")
+            module = importlib.import_module(f"tests.bench.{part.replace('-', '')}")
             module.report(data)
             if part == "server" and "profile" in data:
                 from tests.bench import profiles
@@ -118,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             result = placement.run(quick=ns.quick)
             path = common.write_json("placement", result)
+        elif part == "placement-cost":
+            from tests.bench import placementcost
+
+            result = placementcost.run(quick=ns.quick)
+            path = common.write_json("placement-cost", result)
         else:
             from tests.bench import apiprofile
 

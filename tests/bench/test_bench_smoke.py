@@ -186,3 +186,16 @@ def test_scale_quick(out_dir: Path) -> None:
         assert run_["errors"] == {} and _finite_positive(run_["p99_ms"])
     assert srv["storm_node_counters"]["received"] > 0 and srv["storm_node_counters"]["batches"] > 0
     assert {t["what"] for t in data["targets"]} and all(isinstance(t["met"], bool) for t in data["targets"])
+
+
+def test_placement_cost_quick(out_dir: Path) -> None:
+    assert run.main(["placement-cost", "--quick"]) == 0
+    data = _load(out_dir, "placement-cost")
+    assert (data["nodes"], data["pods"]) == (1000, 10000)
+    room, full = data["some_racks_hold_it"], data["no_rack_holds_it"]
+    assert room["decision"]["pinned"] and full["decision"]["pinned"] is None  # best fit / the prefer fallback
+    assert full["keep_off_mutations"] == ["reserved-keep-off"]  # no rack free: the pod is kept off the reserved
+    assert full["gpu_pods_in_view"] > room["gpu_pods_in_view"] > 0
+    for sc in (room, full):
+        for name in ("change_and_snapshot", "job_4x8_fresh_snapshot", "job_4x8_memoized", "pod_keep_off_memoized"):
+            assert _finite_positive(sc[name]["median_us"]) and sc[name]["p99_us"] >= sc[name]["median_us"]

@@ -9,6 +9,7 @@ unlikely ((2/3)^10 < 2%)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -141,7 +142,7 @@ def test_fragmented_racks_6x4_job_binds_whole_across_racks_or_is_denied(
                 pl.wait_pod_view(wh, cp)
             assert r.returncode != 0, "deny policy never took effect"
             assert (
-                "training-same-rack: no topology.kubernetes.io/rack has room for the 24-GPU job (6x4 GPUs) now"
+                "training-same-rack: no rack (topology.kubernetes.io/rack) has room for the 24-GPU job (6x4 GPUs) now"
                 in r.stderr
             )
             assert "rack-big would once 8 more GPUs free up there" in r.stderr
@@ -150,3 +151,49 @@ def test_fragmented_racks_6x4_job_binds_whole_across_racks_or_is_denied(
             cp.kubectl("patch", "configmap", POLICY_CONFIGMAP, "-n", NAMESPACE, "--type=merge", "-p", patch)
     finally:
         cp.kubectl("delete", "pods", "--all", "-n", busy_ns, "--grace-period=0", "--force", check=False)
+
+
+def test_pods_created_while_a_gang_is_reserved_keep_off_its_rack(
+    racks_cp: ControlPlane, racks_webhook: Webhook
+) -> None:
+    """A 2x8 job pinned to rack-small whose pods cannot bind yet (scheduling gates hold them, as a slow
+    controller or a busy scheduler would): four 4-GPU pods created meanwhile fit rack-big and are kept off
+    rack-small (required NotIn), so when the gates go the gang binds whole in its rack. Without the mutation
+    the scheduler spreads them over all six empty nodes and the gang is left partly placed."""
+    cp, wh = racks_cp, racks_webhook
+    racks = pl.node_racks(cp)
+    pl.wait_pod_view(wh, cp)
+    ns = pl.new_namespace(cp, "keep-off")
+    gang = pl.indexed_job("gang", 2, 8)
+    gang["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    r = cp.kubectl("apply", "-n", ns, "-f", "-", input=gang, check=False)
+    assert r.returncode == 0, r.stderr
+    stored = cp.get_json("job", "gang", "-n", ns)["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    terms = stored["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": pl.RACK, "operator": "In", "values": ["rack-small"]} in terms[0]["matchExpressions"]
+    deadline = time.monotonic() + 30
+    while len(pl.job_pods(cp, ns, "gang")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    others = []
+    for i in range(4):
+        pod = pl.busy_pod(f"infer-{i}", "", 4)
+        del pod["spec"]["nodeName"]
+        others.append(pod)
+    r = cp.kubectl(
+        "apply", "-n", ns, "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": others}, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    where = {p["metadata"]["name"]: racks[cp.wait_for_scheduled(ns, p["metadata"]["name"], timeout=60)] for p in others}
+    stored_pod = cp.get_json("pod", "infer-0", "-n", ns)["spec"]["affinity"]["nodeAffinity"]
+    print("others:", where)
+    assert set(where.values()) == {"rack-big"}, where
+    assert {"key": pl.RACK, "operator": "NotIn", "values": ["rack-small"]} in (
+        stored_pod["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+    )
+    for p in pl.job_pods(cp, ns, "gang"):
+        cp.kubectl("patch", "pod", p["metadata"]["name"], "-n", ns, "--type=json", "-p",
+                   '[{"op": "remove", "path": "/spec/schedulingGates"}]')  # fmt: skip
+    placed = pl.wait_placed(cp, ns, "gang", 2)
+    assert placed["pending"] == 0 and pl.racks_of(racks, placed["bound"]) == {"rack-small"}, placed
+    pl.delete_job(cp, ns, "gang")
+    cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
