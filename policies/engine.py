@@ -314,7 +314,7 @@ def _pinned(s: Subject) -> Placement | None:
     job = s.job_id()
     if d is not None and job is not None and d.domain is not None and d.source == placement.BEST_FIT:
         return Placement(job, d.key, d.domain, s.job.sizes)
-    again = later_pods_reservation(s)
+    again = later_pods_reservation(s, job)
     return Placement(again.job, again.key, again.domain, again.sizes) if again is not None else None
 
 

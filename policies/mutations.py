@@ -561,8 +561,11 @@ def reserved_keep_off(s: Subject, p: Pod) -> bool:
     `NotIn` those domains when the pod, with the rest of its job, fits elsewhere now, else only preferred
     (weight 100), so no pod becomes unschedulable that would fit somewhere (checklist 4: never half a gang
     stranded)."""
-    cap, held = s.ctx.capacity, s.ctx.reservations
-    if s.kind != "Pod" or not held or cap is None or not cap.synced or p.ask.whole_gpus <= 0:
+    held = s.ctx.reservations
+    if not held:  # the usual case, first: the engine's budget per pod is tight
+        return False
+    cap = s.ctx.capacity
+    if s.kind != "Pod" or cap is None or not cap.synced or p.ask.whole_gpus <= 0:
         return False
     jid = s.job_id()
     sizes = _unbound_gang(s, p, cap, jid)
@@ -575,7 +578,7 @@ def reserved_keep_off(s: Subject, p: Pod) -> bool:
             return (inv, cands, placement.keep_off(nodes, key, sizes, held, jid))
 
         # Once per pod-view snapshot for the pods of one job (same key, gang and reservations): memoized.
-        k = cap.memo(("keep-off", id(inv), key, cands.mask, sizes, held, jid), decide)[2]
+        k = cap.memo(("keep-off", inv.topology_epoch, key, cands.mask, sizes, held, jid), decide)[2]
         if k is not None:
             changed |= _keep_off(p, k)
     return changed
@@ -598,12 +601,12 @@ def _keep_off(p: Pod, k: placement.KeepOff) -> bool:
     return _add_to_list(p.pod, ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution"), term)
 
 
-def later_pods_reservation(s: Subject) -> placement.Reservation | None:
-    """A pod of a pinned job created when its job holds no reservation (it expired, or a pod is replaced):
-    the job's pods not yet bound are reserved again in the domain the pod is pinned to, so reserved-keep-off
-    keeps other pods off their GPUs too."""
-    cap, jid = s.ctx.capacity, s.job_id()
-    if s.kind != "Pod" or cap is None or not cap.synced or jid is None or not s.job.sizes or not s.pods:
+def later_pods_reservation(s: Subject, jid: str | None) -> placement.Reservation | None:
+    """A pod of job `jid`, pinned, created when its job holds no reservation (it expired, or a pod is
+    replaced): the job's pods not yet bound are reserved again in the domain the pod is pinned to, so
+    reserved-keep-off keeps other pods off their GPUs too."""
+    cap = s.ctx.capacity
+    if cap is None or s.kind != "Pod" or not cap.synced or jid is None or not s.job.sizes or not s.pods:
         return None
     domain = job_domain(s)
     if domain is None or any(r.job == jid for r in s.ctx.reservations):
