@@ -584,6 +584,21 @@ def reserved_keep_off(s: Subject, p: Pod) -> bool:
     return changed
 
 
+def only_reserved_gpus(s: Subject, p: Pod, key: str) -> tuple[str, ...]:
+    """The reserved domains of `key` when the pod (created now, beside other jobs' reservations) could run
+    only on GPUs promised to them (placement.only_reserved); () otherwise, and without a synced pod view."""
+    held, cap = s.ctx.reservations, s.ctx.capacity
+    if not held or cap is None or not cap.synced or s.kind != "Pod" or p.ask.whole_gpus <= 0:
+        return ()
+    jid, inv, cands, size = s.job_id(), s.inventory, p.candidates(s.inventory), p.ask.whole_gpus
+
+    def decide() -> tuple[Any, ...]:
+        nodes = grouping(inv, cands, key).at(cap)
+        return (inv, cands, placement.only_reserved(nodes, key, size, held, jid))
+
+    return cap.memo(("only-reserved", inv.topology_epoch, key, cands.mask, size, held, jid), decide)[2]  # type: ignore[no-any-return]
+
+
 def _unbound_gang(s: Subject, p: Pod, cap: placement.Capacity, job: str | None) -> tuple[int, ...]:
     """This pod's GPUs, then those of the job's other pods not yet bound (when the job's size is known)."""
     own = p.ask.whole_gpus

@@ -18,7 +18,7 @@ largest first on the node with the least room that still takes them (best fit), 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -344,15 +344,42 @@ def keep_off(
     return KeepOff(key, avoid, place(rest, sizes) is not None)
 
 
-def _lands_on_reserved(free: Sequence[int], size: int, domain: str, held: Sequence[Reservation]) -> bool:
-    """Some node of the domain takes the pod and, with it there, the domain's reservations no longer fit."""
+def only_reserved(
+    nodes: DomainNodes, key: str, size: int, reservations: Sequence[Reservation], job: str | None
+) -> tuple[str, ...]:
+    """The reserved domains of topology label `key` when every node with room for a pod of `size` GPUs is in
+    one of them and, with the pod on it, that domain's reserved gangs (other jobs') no longer fit: the pod
+    can run now only on GPUs promised to a gang. () when some node takes it without harm, or none takes it."""
+    held = [r for r in reservations if r.key == key and r.job != job and r.domain in nodes.free]
+    if not held or size <= 0:
+        return ()
+    reserved = {r.domain for r in held}
+    hurt = []
+    for domain, free in nodes.free.items():
+        if not free or free[-1] < size:  # sorted ascending: no node of the domain takes the pod
+            continue
+        if domain not in reserved or _lands_harmlessly(free, size, domain, held):
+            return ()
+        hurt.append(domain)
+    return tuple(sorted(hurt))
+
+
+def _landings(free: Sequence[int], size: int, domain: str, held: Sequence[Reservation]) -> Iterator[bool]:
+    """For each distinct node of the domain that takes the pod: whether the domain's reservations still fit
+    with the pod there."""
     for f in sorted(set(free)):
         if f >= size:
             left = list(free)
             left[left.index(f)] = f - size
-            if _placed(left, domain, held) is None:
-                return True
-    return False
+            yield _placed(left, domain, held) is not None
+
+
+def _lands_harmlessly(free: Sequence[int], size: int, domain: str, held: Sequence[Reservation]) -> bool:
+    return any(_landings(free, size, domain, held))
+
+
+def _lands_on_reserved(free: Sequence[int], size: int, domain: str, held: Sequence[Reservation]) -> bool:
+    return not all(_landings(free, size, domain, held))
 
 
 def _placed(free: Sequence[int], domain: str, held: Sequence[Reservation]) -> tuple[int, ...] | None:

@@ -22,6 +22,7 @@ from policies.mutations import (
     level_of,
     level_penalty,
     no_domain_fits_note,
+    only_reserved_gpus,
     prefers_domain,
 )
 from policies.quantity import format_bytes
@@ -72,6 +73,11 @@ def training_same_rack(s: Subject) -> list[Violation]:
     d = s.placement
     if d is not None and d.source == placement.NONE_FITS_NOW:
         if s.policy.when_no_domain_fits == "prefer" and all(prefers_domain(p, d.key) for p in missing):
+            # A pod of such a gang that could run now only on GPUs reserved for another (pinned, whole) gang
+            # is held back until the reservation ends: taking them leaves both gangs partly placed.
+            held = next((h for p in missing if (h := only_reserved_gpus(s, p, d.key))), ())
+            if held:
+                return [_held_for_reservation(s, d, held)]
             # The webhook's own fallback: no rack holds the gang now, a required term would strand it. Said
             # here too: a workload's /validate call is the one whose warnings kubectl shows.
             s.notes.append(no_domain_fits_note(s, d))
@@ -111,6 +117,18 @@ def _no_domain_fits(s: Subject, d: placement.Decision) -> Violation:
         f"once {d.shortfall} more GPUs free up there"
     )
     return Violation(found, "retry when GPUs free up, or set placement.whenNoDomainFits: prefer in the policy")
+
+
+def _held_for_reservation(s: Subject, d: placement.Decision, held: tuple[str, ...]) -> Violation:
+    level = level_of(s, d.key)
+    noun = domain_text(level, s.inventory.rack_label) if level else d.key
+    gpus = next((p.ask.whole_gpus for p in s.gpu_pods if p.ask.whole_gpus > 0), 0)
+    found = (
+        f"no {noun} holds the {s.job.gpus}-GPU job now, and this {gpus}-GPU pod fits only on GPUs reserved for "
+        f"another job's gang in {noun} {', '.join(held)}: held until that gang binds (at most "
+        f"placement.reservationSeconds, {s.policy.reservation_seconds:g} s)"
+    )
+    return Violation(found, "none for a Job's pods (its controller retries creating them); retry shortly otherwise")
 
 
 def training_topology_scheduler(s: Subject) -> list[Violation]:

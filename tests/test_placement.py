@@ -331,6 +331,63 @@ def test_keep_off_is_required_only_when_the_pod_and_its_unbound_gang_fit_elsewhe
     assert placement.keep_off(nodes, RACK, (4,), (HELD,), None) is None  # only reserved GPUs could take it
 
 
+def test_only_reserved_names_the_reserved_racks_when_every_node_with_room_would_break_a_reservation() -> None:
+    full_big = capacity(*(bound_pod(f"b{i}", f"h100-big-{i}", 8) for i in (1, 2, 3, 4)))
+    nodes = group(INV.nodes, RACK, full_big)  # rack-big full, rack-small empty and reserved for 2x8
+    assert placement.only_reserved(nodes, RACK, 8, (HELD,), "ns/g") == ("rack-small",)
+    assert placement.only_reserved(nodes, RACK, 1, (HELD,), "ns/g") == ("rack-small",)  # any GPU breaks 2x8
+    assert placement.only_reserved(nodes, RACK, 8, (HELD,), HELD.job) == ()  # its own job's pods
+    assert placement.only_reserved(nodes, RACK, 8, (), "ns/g") == ()
+    assert placement.only_reserved(nodes, RACK, 0, (HELD,), "ns/g") == ()
+    one = Reservation(HELD.job, RACK, "rack-small", (8,))  # the other small node takes the pod harmlessly
+    assert placement.only_reserved(nodes, RACK, 8, (one,), "ns/g") == ()
+    other_key = Reservation(HELD.job, "zone", "rack-small", (8, 8))
+    assert placement.only_reserved(nodes, RACK, 8, (other_key,), "ns/g") == ()
+    # a node elsewhere with room for the pod: it can run without harm (4 GPUs yes, 8 no)
+    room = group(
+        INV.nodes, RACK, capacity(*(bound_pod(f"b{i}", f"h100-big-{i}", 8 - 4 * (i == 1)) for i in (1, 2, 3, 4)))
+    )
+    assert placement.only_reserved(room, RACK, 4, (HELD,), "ns/g") == ()
+    assert placement.only_reserved(room, RACK, 8, (HELD,), "ns/g") == ("rack-small",)
+    # no node takes the pod at all: it waits anyway, nothing to hold
+    assert placement.only_reserved(nodes, RACK, 9, (HELD,), "ns/g") == ()
+
+
+def _gang_pod(name: str, gpus: int, job_gpus: int) -> dict[str, Any]:
+    pod = bound_pod(name, "", gpus, job_name="g")
+    pod["metadata"]["annotations"] = {"gpu-admission.io/job-gpus": str(job_gpus)}
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = "1"  # an Indexed Job's: training
+    return pod
+
+
+def test_a_pod_of_a_gang_no_rack_holds_is_held_while_only_reserved_gpus_could_take_it() -> None:
+    """The partial-gang race of the placement benchmark: a gang no rack holds (the `prefer` fallback) and a
+    pinned gang's reservation; the former's pod that could run only on the reserved GPUs is denied (its Job's
+    controller retries) instead of leaving both gangs partly placed."""
+    full_big = capacity(*(bound_pod(f"b{i}", f"h100-big-{i}", 8) for i in (1, 2, 3, 4)))
+    r = run(_gang_pod("g-1", 8, 32), full_big, (HELD,))
+    assert not r.allowed and [d.rule for d in r.denials] == ["training-same-rack"]
+    assert r.denials[0].message == (
+        "training-same-rack: no rack holds the 32-GPU job now, and this 8-GPU pod fits only on GPUs reserved for "
+        "another job's gang in rack rack-small: held until that gang binds (at most placement.reservationSeconds, "
+        "120 s). Fix: none for a Job's pods (its controller retries creating them); retry shortly otherwise"
+    )
+    # the same pod without the reservation, or with a node elsewhere that takes it, is let through (prefer)
+    assert run(_gang_pod("g-1", 8, 32), full_big, ()).allowed
+    half = capacity(*(bound_pod(f"b{i}", f"h100-big-{i}", 8 - 4 * (i == 1)) for i in (1, 2, 3, 4)))
+    assert run(_gang_pod("g-1", 4, 32), half, (HELD,)).allowed
+    # the reserved job's own pods, a template (its pods are reviewed when created), no synced view: not held
+    own = _gang_pod("held-1", 8, 16)
+    own["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "held"
+    assert run(own, full_big, (HELD,)).allowed
+    assert run(job("g", 4, 8), full_big, (HELD,)).allowed
+    unsynced = capacity_of(PodView(pod_facts).snapshot())
+    assert run(_gang_pod("g-1", 8, 32), unsynced, (HELD,)).allowed
+    # deny instead of prefer: the job was refused at admission already; its pods get that rule's denial
+    denied = run(_gang_pod("g-1", 8, 32), full_big, (HELD,), placement={"whenNoDomainFits": "deny"})
+    assert "no rack (topology.kubernetes.io/rack) has room" in denied.denials[0].message
+
+
 def test_a_pod_created_during_a_reservation_gets_required_not_in_and_a_second_pass_adds_nothing() -> None:
     pod = bound_pod("p", "", 4)
     r = run(pod, capacity(), (HELD,))
