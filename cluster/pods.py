@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from cluster.layered import Layered
 from cluster.reflector import Change, object_key
 
 TERMINATED = frozenset({"Succeeded", "Failed"})
@@ -190,10 +191,10 @@ class PodView:
         self._on_bound = on_bound
         self._lock = threading.Lock()
         self._entries: dict[str, PodEntry] = {}
-        # Values are replaced, never edited, so a snapshot is a shallow copy of the outer dicts.
-        self._used: dict[str, Mapping[str, int]] = {}
-        self._by_resource: dict[str, dict[str, int]] = {}
-        self._jobs: dict[str, Mapping[str, int]] = {}
+        # Values are replaced, never edited; a snapshot reads them through views costing O(recent changes).
+        self._used: Layered[str, Mapping[str, int]] = Layered()
+        self._by_resource: dict[str, Layered[str, int]] = {}
+        self._jobs: Layered[str, Mapping[str, int]] = Layered()
         self._log: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
         self.source = next(_SOURCES)
         self._version = 0
@@ -269,22 +270,17 @@ class PodView:
         """Take a holding pod's GPUs in (+1) or out (-1); the caller bumps the version after."""
         if not e.holding:
             return
-        per = dict(self._used.get(e.node, {}))
+        per = dict(self._used.get(e.node) or {})
         for resource, n in e.gpus:
             _add(per, resource, sign * n)
-            _add(self._by_resource.setdefault(resource, {}), e.node, sign * n)
-        if per:
-            self._used[e.node] = MappingProxyType(per)
-        else:
-            self._used.pop(e.node, None)
+            held = self._by_resource.setdefault(resource, Layered())
+            _set(held, e.node, (held.get(e.node) or 0) + sign * n)
+        _set(self._used, e.node, MappingProxyType(per) if per else None)
         self._log.append((self._version + 1, e.node))
         if e.job is not None:
-            nodes = dict(self._jobs.get(e.job, {}))
+            nodes = dict(self._jobs.get(e.job) or {})
             _add(nodes, e.node, sign)
-            if nodes:
-                self._jobs[e.job] = MappingProxyType(nodes)
-            else:
-                self._jobs.pop(e.job, None)
+            _set(self._jobs, e.job, MappingProxyType(nodes) if nodes else None)
 
     def changed_since(self, version: int) -> frozenset[str] | None:
         """Nodes whose GPUs changed after `version` (up to now), None when the log no longer reaches back."""
@@ -312,17 +308,25 @@ class PodView:
             snap = PodSnapshot(
                 version=self._version,
                 synced=self._synced,
-                used=MappingProxyType(dict(self._used)),
-                jobs=MappingProxyType(dict(self._jobs)),
+                used=self._used.view(),
+                jobs=self._jobs.view(),
                 pods=len(self._entries),
                 skipped=self.skipped,
                 claims=len(self._claims),
-                by_resource=MappingProxyType({r: MappingProxyType(dict(u)) for r, u in self._by_resource.items()}),
+                by_resource=MappingProxyType({r: u.view() for r, u in self._by_resource.items()}),
                 source=self.source,
                 changed_since=self.changed_since,
             )
         self._snap = snap
         return snap
+
+
+def _set(layer: Layered[str, Any], key: str, value: Any) -> None:
+    """value, or no entry for a falsy one (0, None: nothing held)."""
+    if value:
+        layer.set(key, value)
+    else:
+        layer.pop(key)
 
 
 def _add(counts: dict[str, int], key: str, n: int) -> None:
