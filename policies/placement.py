@@ -17,7 +17,10 @@ largest first on the node with the least room that still takes them (best fit), 
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +36,10 @@ NEVER_FITS = "never-fits"  # no domain's allocatable holds the gang
 MEMO_SIZE = 256
 # Larger gangs are not placed by this module (the fit search is linear in pods): docs/policy.md.
 MAX_GANG_PODS = 1024
+# Generations of a Grouping whose changed domains are remembered (older ones rebuild a gang's RoomIndex).
+STEPS_KEPT = 4096
+# Gang shapes whose RoomIndex a Grouping keeps (each ~1 MB at 3,000 domains; a cluster runs a few shapes).
+INDEXES_KEPT = 16
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class Room:
     fits: bool  # its free GPUs hold the gang now (after others' reservations)
     pieces: int  # free pieces the size of the gang's largest pod
     free_gpus: int
+    shortfall: int = 0  # GPUs to free up before it fits (an eligible domain's; see shortfall())
 
 
 @dataclass(frozen=True)
@@ -108,15 +116,93 @@ class Decision:
 
 @dataclass(frozen=True)
 class DomainNodes:
-    """Per domain, the whole GPUs of each candidate node: allocatable and free now (sorted, ascending)."""
+    """Per domain, the whole GPUs of each candidate node: allocatable and free now (sorted, ascending).
+    `owner` (the Grouping that made it, if any) keeps each gang's rooms across its generations."""
 
     allocatable: Mapping[str, tuple[int, ...]]
     free: Mapping[str, tuple[int, ...]]
     node_domain: Mapping[str, str]
+    generation: int = field(default=0, compare=False)
+    owner: Grouping | None = field(default=None, compare=False, repr=False)
+    counts: Mapping[int, int] | None = field(default=None, compare=False, repr=False)  # free GPUs -> nodes
+
+    def free_counts(self) -> Counter[int]:
+        """Free GPUs -> how many candidate nodes (of every domain) have that many: a copy to edit."""
+        if self.counts is not None:
+            return Counter(self.counts)
+        return Counter(f for free in self.free.values() for f in free)
 
     @property
     def domains(self) -> list[str]:
         return sorted(self.allocatable)
+
+    def room_index(self, sizes: tuple[int, ...]) -> RoomIndex:
+        if self.owner is None:
+            return RoomIndex.build(self, sizes)
+        return self.owner.room_index(self, sizes)
+
+
+@dataclass(frozen=True)
+class RoomIndex:
+    """Every domain's room for one gang shape, without reservations, and the orders decide() reads: best fit
+    first, most room first, fewest GPUs missing first. Brought from one generation of a Grouping to the next
+    by recomputing the changed domains only (O(changed · log domains)), so a decision after a pod event
+    does not walk every domain."""
+
+    generation: int
+    sizes: tuple[int, ...]
+    rooms: Mapping[str, Room]
+    eligible: tuple[str, ...]  # domains whose allocatable holds the gang, sorted (fixed for a Grouping)
+    fitting: list[tuple[Any, ...]]  # (pieces, free GPUs, domain) of the domains it fits now, ascending
+    roomy: list[tuple[Any, ...]]  # (-pieces, -free GPUs, domain) of every domain, ascending
+    short: list[tuple[Any, ...]]  # (shortfall, domain) of the eligible domains, ascending
+
+    @classmethod
+    def build(cls, nodes: DomainNodes, sizes: tuple[int, ...]) -> RoomIndex:
+        rooms = {d: _room_of(nodes, d, nodes.free[d], sizes) for d in nodes.allocatable}
+        out = cls(nodes.generation, sizes, rooms, tuple(sorted(d for d, r in rooms.items() if r.holds)), [], [], [])
+        for r in rooms.values():
+            out._insert(r)
+        out.fitting.sort()
+        out.roomy.sort()
+        out.short.sort()
+        return out
+
+    def updated(self, nodes: DomainNodes, changed: Iterable[str]) -> RoomIndex:
+        rooms = dict(self.rooms)
+        out = RoomIndex(
+            nodes.generation, self.sizes, rooms, self.eligible, list(self.fitting), list(self.roomy), list(self.short)
+        )
+        for d in changed:
+            old = rooms.get(d)
+            if old is not None:
+                out._remove(old)
+                new = rooms[d] = _room_of(nodes, d, nodes.free[d], self.sizes)
+                out._insert(new, sort=True)
+        return out
+
+    def _keys(self, r: Room) -> tuple[tuple[Any, ...] | None, ...]:
+        return (
+            (r.pieces, r.free_gpus, r.domain) if r.fits else None,
+            (-r.pieces, -r.free_gpus, r.domain),
+            (r.shortfall, r.domain) if r.holds else None,
+        )
+
+    def _insert(self, r: Room, sort: bool = False) -> None:
+        for keys, key in zip((self.fitting, self.roomy, self.short), self._keys(r), strict=True):
+            if key is not None and sort:
+                bisect.insort(keys, key)
+            elif key is not None:
+                keys.append(key)  # build(): sorted once at the end
+
+    def _remove(self, r: Room) -> None:
+        for keys, key in zip((self.fitting, self.roomy, self.short), self._keys(r), strict=True):
+            if key is not None:
+                del keys[bisect.bisect_left(keys, key)]
+
+
+def _room_of(nodes: DomainNodes, domain: str, free: tuple[int, ...], sizes: tuple[int, ...]) -> Room:
+    return Room(domain, *_room(nodes.allocatable[domain], free, sizes))
 
 
 def job_id(namespace: str, key: str, value: str) -> str:
@@ -144,8 +230,38 @@ class Grouping:
         self.members = {d: tuple(m) for d, m in members.items()}
         where = {name: d for d, m in self.members.items() for name, _ in m}
         alloc = {d: tuple(sorted(g for _, g in m)) for d, m in self.members.items()}
-        self.static = DomainNodes(alloc, alloc, where)
+        self.static = DomainNodes(alloc, alloc, where, 0, self, Counter(g for a in alloc.values() for g in a))
         self._last: tuple[int, int, DomainNodes] | None = None
+        # Generations of DomainNodes made here: generation -> (the one it was derived from, the domains that
+        # changed; None: all). Bounded: a generation no longer known rebuilds what needs it.
+        self._steps: dict[int, tuple[int, frozenset[str] | None]] = {}
+        self._generation = itertools.count(1)
+        self._indexes: dict[tuple[int, ...], RoomIndex] = {}  # gang shape -> its latest RoomIndex
+
+    def room_index(self, nodes: DomainNodes, sizes: tuple[int, ...]) -> RoomIndex:
+        """The rooms of gang `sizes` at `nodes` (one of this grouping's generations), from the last ones."""
+        last = self._indexes.get(sizes)
+        if last is not None and last.generation == nodes.generation:
+            return last
+        changed = self._changed(last.generation, nodes.generation) if last is not None else None
+        index = RoomIndex.build(nodes, sizes) if changed is None else last.updated(nodes, changed)  # type: ignore[union-attr]
+        if len(self._indexes) >= INDEXES_KEPT:
+            self._indexes.clear()
+        self._indexes[sizes] = index
+        return index
+
+    def _changed(self, old: int, new: int) -> set[str] | None:
+        """Domains changed from generation `old` to `new`; None when not known (then rebuild)."""
+        out: set[str] = set()
+        while new != old:
+            step = self._steps.get(new)
+            if step is None or step[1] is None or step[0] >= new:
+                return None
+            out |= step[1]
+            new = step[0]
+            if new < old:
+                return None
+        return out
 
     def at(self, capacity: Capacity | None) -> DomainNodes:
         if capacity is None:
@@ -158,14 +274,22 @@ class Grouping:
             if capacity.changed_since is not None and capacity.version > last[1]:
                 changed = capacity.changed_since(last[1])
         used = capacity.used
+        generation = next(self._generation)
         if last is None or changed is None:
             free = {d: _free(m, used) for d, m in self.members.items()}
+            counts = Counter(f for fs in free.values() for f in fs)
+            self._steps[generation] = (0, None)
         else:
-            free = dict(last[2].free)
+            free, counts = dict(last[2].free), last[2].free_counts()
             where = self.static.node_domain
-            for d in {where[n] for n in changed if n in where}:
+            domains = frozenset(where[n] for n in changed if n in where)
+            for d in domains:
+                counts.subtract(free[d])
                 free[d] = _free(self.members[d], used)
-        out = DomainNodes(self.static.allocatable, free, self.static.node_domain)
+                counts.update(free[d])
+            self._steps[generation] = (last[2].generation, domains)
+        self._steps.pop(generation - STEPS_KEPT, None)
+        out = DomainNodes(self.static.allocatable, free, self.static.node_domain, generation, self, +counts)
         self._last = (capacity.source, capacity.version, out)
         return out
 
@@ -179,13 +303,30 @@ def place(free: Sequence[int], sizes: Sequence[int]) -> tuple[int, ...] | None:
     it. The nodes' free GPUs afterwards (sorted), or None when some pod finds no node."""
     left = sorted(free)
     for size in sorted(sizes, reverse=True):
-        for i, f in enumerate(left):
-            if f >= size:
-                left[i] = f - size
-                break
-        else:
+        i = bisect.bisect_left(left, size)
+        if i == len(left):
             return None
-    return tuple(sorted(left))
+        bisect.insort(left, left.pop(i) - size)  # kept sorted: the next pod's best fit is a bisection
+    return tuple(left)
+
+
+def fits_counts(counts: Counter[int], sizes: Sequence[int]) -> bool:
+    """place() on nodes given as counts per free GPUs (free GPUs -> nodes; edited): the same best fit, in
+    O(pods · distinct values) however many nodes there are."""
+    values = sorted(v for v, c in counts.items() if c > 0)
+    for size in sorted(sizes, reverse=True):
+        i = bisect.bisect_left(values, size)
+        if i == len(values):
+            return False
+        f = values[i]
+        counts[f] -= 1
+        if counts[f] <= 0:
+            values.pop(i)
+        if counts[f - size] <= 0:
+            counts[f - size] = 0
+            bisect.insort(values, f - size)
+        counts[f - size] += 1
+    return True
 
 
 def pieces(free: Sequence[int], size: int) -> int:
@@ -228,16 +369,17 @@ def rooms(nodes: DomainNodes, sizes: Sequence[int], reservations: Sequence[Reser
         free = nodes.free[domain]
         if domain in held:
             free = after_reservations(free, domain, reservations)
-        holds, fits, n, gpus = _room(nodes.allocatable[domain], free, gang)
-        out.append(Room(domain, holds, fits, n, gpus))
+        out.append(Room(domain, *_room(nodes.allocatable[domain], free, gang)))
     return tuple(out)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _room(alloc: tuple[int, ...], free: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[bool, bool, int, int]:
-    """(holds, fits, pieces, free GPUs) of one domain: by value, so unchanged domains cost a lookup."""
+def _room(alloc: tuple[int, ...], free: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[bool, bool, int, int, int]:
+    """(holds, fits, pieces, free GPUs, shortfall) of one domain: by value, so domains alike cost a lookup."""
     holds = place(alloc, sizes) is not None
-    return holds, holds and place(free, sizes) is not None, pieces(free, max(sizes, default=0)), sum(free)
+    fits = holds and place(free, sizes) is not None
+    short = _shortfall(free, alloc, sizes) if holds and not fits else 0
+    return holds, fits, pieces(free, max(sizes, default=0)), sum(free), short
 
 
 def after_reservations(free: Sequence[int], domain: str, reservations: Sequence[Reservation]) -> tuple[int, ...]:
@@ -272,38 +414,31 @@ def decide(
         return Decision(key, RESERVED, own[-1].domain, (own[-1].domain,))
     if not sizes:
         return None
-    all_rooms = rooms(nodes, sizes, others if capacity is not None else ())
-    eligible = tuple(r.domain for r in all_rooms if r.holds)
-    if not eligible:
+    gang = tuple(sizes)
+    index = nodes.room_index(gang)  # every domain's room without reservations, kept across pod events
+    if not index.eligible:
         return Decision(key, NEVER_FITS, None, ())
     if capacity is None or not capacity.synced:
-        return Decision(key, STATIC, None, eligible)
-    fitting = [r for r in all_rooms if r.fits]
-    if fitting:
-        best = min(fitting, key=lambda r: (r.pieces, r.free_gpus, r.domain))
-        return Decision(key, BEST_FIT, best.domain, eligible)
-    most = max((r.pieces, r.free_gpus) for r in all_rooms)
-    roomiest = min(r.domain for r in all_rooms if (r.pieces, r.free_gpus) == most)  # a tie: the first name
-    missing, closest = _closest(nodes, sizes, others, all_rooms)
-    return Decision(key, NONE_FITS_NOW, None, eligible, roomiest, closest, missing)
+        return Decision(key, STATIC, None, index.eligible)
+    # The few domains others' reservations are in: their rooms after those, in place of the index's.
+    held = {
+        d: _room_of(nodes, d, after_reservations(nodes.free[d], d, others), gang)
+        for d in {r.domain for r in others}
+        if d in nodes.allocatable
+    }
+    best = _first(index.fitting, held, [(r.pieces, r.free_gpus, r.domain) for r in held.values() if r.fits])
+    if best is not None:
+        return Decision(key, BEST_FIT, best[2], index.eligible)
+    roomiest = _first(index.roomy, held, [(-r.pieces, -r.free_gpus, r.domain) for r in held.values()])
+    missing, closest = _first(index.short, held, [(r.shortfall, r.domain) for r in held.values() if r.holds])
+    return Decision(key, NONE_FITS_NOW, None, index.eligible, roomiest[2] if roomiest else None, closest, missing)
 
 
-def _closest(
-    nodes: DomainNodes, sizes: Sequence[int], others: Sequence[Reservation], all_rooms: Sequence[Room]
-) -> tuple[int, str]:
-    """(GPUs to free, domain): the eligible domain needing the fewest GPUs to free up, then by name. The
-    exact count is costly: domains are tried by a lower bound (GPUs missing in total) and the search stops
-    once no bound can beat the best found."""
-    need = sum(sizes)
-    best: tuple[int, str] | None = None
-    for bound, domain in sorted((max(need - r.free_gpus, 0), r.domain) for r in all_rooms if r.holds):
-        if best is not None and (bound, domain) > best:
-            break
-        free = after_reservations(nodes.free[domain], domain, others)
-        found = (_shortfall(free, nodes.allocatable[domain], tuple(sizes)), domain)
-        best = found if best is None else min(best, found)
-    assert best is not None  # the caller found an eligible domain
-    return best
+def _first(keys: Sequence[tuple[Any, ...]], held: Mapping[str, Room], extra: list[tuple[Any, ...]]) -> Any:
+    """The least of `keys` (sorted, the domain last) whose domain is not in `held`, and of `extra`; None when
+    both are empty."""
+    found = next((k for k in keys if k[-1] not in held), None)
+    return min([*extra, found] if found is not None else extra, default=None)
 
 
 def gang_sizes(gpus: int, per_pod: int) -> tuple[int, ...]:
@@ -335,13 +470,19 @@ def keep_off(
     held = [r for r in reservations if r.key == key and r.job != job and r.domain in nodes.free]
     if not held or not sizes:
         return None
-    avoid = tuple(sorted(d for d in {r.domain for r in held} if _lands_on_reserved(nodes.free[d], sizes[0], d, held)))
+    reserved = {r.domain for r in held}
+    avoid = tuple(sorted(d for d in reserved if _lands_on_reserved(nodes.free[d], sizes[0], d, held)))
     if not avoid:
         return None
-    rest = [f for d, free in nodes.free.items() if d not in avoid for f in after_reservations(free, d, held)]
-    if not any(f >= sizes[0] for f in rest):
+    # The other domains' nodes, reserved gangs placed: counted per free GPUs (O(reserved domains), not nodes).
+    rest = nodes.free_counts()
+    for d in reserved:
+        rest.subtract(nodes.free[d])
+        if d not in avoid:
+            rest.update(after_reservations(nodes.free[d], d, held))
+    if not any(c > 0 and f >= sizes[0] for f, c in rest.items()):
         return None
-    return KeepOff(key, avoid, place(rest, sizes) is not None)
+    return KeepOff(key, avoid, fits_counts(rest, sizes))
 
 
 def only_reserved(
@@ -354,14 +495,20 @@ def only_reserved(
     if not held or size <= 0:
         return ()
     reserved = {r.domain for r in held}
+    elsewhere = nodes.free_counts()  # nodes of the domains nobody reserved: counted, not walked
+    for d in reserved:
+        elsewhere.subtract(nodes.free[d])
+    if any(c > 0 and f >= size for f, c in elsewhere.items()):
+        return ()
     hurt = []
-    for domain, free in nodes.free.items():
+    for domain in sorted(reserved):
+        free = nodes.free[domain]
         if not free or free[-1] < size:  # sorted ascending: no node of the domain takes the pod
             continue
-        if domain not in reserved or _lands_harmlessly(free, size, domain, held):
+        if _lands_harmlessly(free, size, domain, held):
             return ()
         hurt.append(domain)
-    return tuple(sorted(hurt))
+    return tuple(hurt)
 
 
 def _landings(free: Sequence[int], size: int, domain: str, held: Sequence[Reservation]) -> Iterator[bool]:

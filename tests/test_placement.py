@@ -6,6 +6,7 @@ The cluster is examples/placement/racks.yaml: rack-big (4 nodes x 8 H100) and ra
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -524,17 +525,14 @@ _NODE = st.tuples(st.sampled_from(("r1", "r2", "r3")), st.sampled_from((4, 8)))
 _EVENT = st.tuples(st.integers(0, 11), st.one_of(st.none(), st.integers(0, 7)), st.integers(1, 8))
 
 
-@given(st.lists(_NODE, min_size=1, max_size=8), st.lists(_EVENT, max_size=40), st.integers(1, 4))
-@settings(max_examples=150, deadline=None)
-def test_grouping_kept_per_snapshot_equals_counting_from_scratch(
+def _replay(
     nodes: list[tuple[str, int]], events: list[tuple[int, int | None, int]], every: int
-) -> None:
-    """Per-domain free GPUs updated from the pod view's changed nodes match a full recount after every
-    snapshot read (reads every `every` events, so several changes pile up between two reads)."""
+) -> Iterator[tuple[list[Any], Capacity]]:
+    """Fake GPU nodes (rack, GPUs), and a pod view's snapshot after every `every`-th pod event (bind or delete),
+    so several changes pile up between two reads."""
     from types import SimpleNamespace
 
     gpu_nodes = [SimpleNamespace(name=f"n{i}", labels={RACK: d}, whole_gpus=g) for i, (d, g) in enumerate(nodes)]
-    kept = placement.Grouping(gpu_nodes, RACK)
     view = PodView(pod_facts)
     view.load({})
     for i, (pod, node, gpus) in enumerate(events):
@@ -544,8 +542,53 @@ def test_grouping_kept_per_snapshot_equals_counting_from_scratch(
         else:
             view.apply(Change("MODIFIED", key, None, bound_pod(f"p{pod}", f"n{node}", gpus)))
         if i % every == 0:
-            cap = capacity_of(view.snapshot())
-            assert kept.at(cap) == placement.Grouping(gpu_nodes, RACK).at(cap)
+            yield gpu_nodes, capacity_of(view.snapshot())
+
+
+@given(st.lists(_NODE, min_size=1, max_size=8), st.lists(_EVENT, max_size=40), st.integers(1, 4))
+@settings(max_examples=150, deadline=None)
+def test_grouping_kept_per_snapshot_equals_counting_from_scratch(
+    nodes: list[tuple[str, int]], events: list[tuple[int, int | None, int]], every: int
+) -> None:
+    """Per-domain free GPUs updated from the pod view's changed nodes match a full recount after every
+    snapshot read."""
+    kept: placement.Grouping | None = None
+    for gpu_nodes, cap in _replay(nodes, events, every):
+        kept = kept or placement.Grouping(gpu_nodes, RACK)
+        assert kept.at(cap) == placement.Grouping(gpu_nodes, RACK).at(cap)
+        assert kept.at(cap).free_counts() == placement.Grouping(gpu_nodes, RACK).at(cap).free_counts()
+
+
+@given(
+    st.lists(_NODE, min_size=1, max_size=8),
+    st.lists(_EVENT, max_size=40),
+    st.integers(1, 4),
+    st.lists(st.tuples(st.sampled_from(("r1", "r2", "r3")), st.sampled_from(((8,), (4, 4), (8, 8)))), max_size=2),
+)
+@settings(max_examples=150, deadline=None)
+def test_decisions_from_rooms_kept_across_snapshots_equal_deciding_from_scratch(
+    nodes: list[tuple[str, int]],
+    events: list[tuple[int, int | None, int]],
+    every: int,
+    held: list[tuple[str, tuple[int, ...]]],
+) -> None:
+    """Each gang's rooms are brought from snapshot to snapshot by the changed domains only (RoomIndex), the
+    counts per free GPUs too: every decision, keep-off and hold, with and without others' reservations, is
+    the one a fresh grouping gives."""
+    reservations = tuple(Reservation(f"ns/j=r{i}", RACK, d, sizes) for i, (d, sizes) in enumerate(held))
+    kept: placement.Grouping | None = None
+    for gpu_nodes, cap in _replay(nodes, events, every):
+        kept = kept or placement.Grouping(gpu_nodes, RACK)
+        now, fresh = kept.at(cap), placement.Grouping(gpu_nodes, RACK).at(cap)
+        for gang in ((8, 8), (4, 4, 4), (2,) * 5):
+            for res in ((), reservations):
+                assert decide(now, RACK, gang, cap, res, "ns/j=x") == decide(fresh, RACK, gang, cap, res, "ns/j=x")
+                assert placement.keep_off(now, RACK, gang, res, None) == placement.keep_off(
+                    fresh, RACK, gang, res, None
+                )
+                assert placement.only_reserved(now, RACK, gang[0], res, None) == placement.only_reserved(
+                    fresh, RACK, gang[0], res, None
+                )
 
 
 @given(
@@ -562,4 +605,21 @@ def test_the_closest_domain_is_the_exact_minimum_of_the_shortfalls(frees: list[l
     exact = min(
         (shortfall(nodes.free[r.domain], nodes.allocatable[r.domain], sizes), r.domain) for r in all_rooms if r.holds
     )
-    assert placement._closest(nodes, sizes, (), all_rooms) == exact
+    assert nodes.room_index(tuple(sizes)).short[0] == exact
+    d = decide(nodes, RACK, sizes, Capacity(used={}, jobs={}), (), "ns/j=x")
+    assert d is not None
+    if d.source == placement.NONE_FITS_NOW:
+        assert (d.shortfall, d.closest) == exact
+
+
+@given(st.lists(st.integers(0, 8), max_size=12), st.lists(st.integers(1, 8), max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_placing_on_counts_per_free_gpus_is_placing_on_the_nodes(free: list[int], sizes: list[int]) -> None:
+    from collections import Counter
+
+    assert placement.fits_counts(Counter(free), sizes) == (place(free, sizes) is not None)
+
+
+def test_place_takes_the_node_with_least_room_that_fits_each_pod() -> None:
+    # 6 on the 8 leaves 2, and the 2-GPU pod then takes that node, not the 3 (first fit would): 3 stays free
+    assert place((3, 8), (6, 2)) == (0, 3)
