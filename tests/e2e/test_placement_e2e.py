@@ -197,3 +197,58 @@ def test_pods_created_while_a_gang_is_reserved_keep_off_its_rack(
     assert placed["pending"] == 0 and pl.racks_of(racks, placed["bound"]) == {"rack-small"}, placed
     pl.delete_job(cp, ns, "gang")
     cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
+
+
+def test_a_pod_that_fits_only_on_a_gangs_reserved_gpus_is_held_until_the_gang_binds(
+    racks_cp: ControlPlane, racks_webhook: Webhook
+) -> None:
+    """The benchmark's last race: rack-big full, a 2x8 job pinned to rack-small whose pods wait (scheduling
+    gates, as a slow scheduler would), then a 2x8 job no rack holds now (the prefer fallback). Its pods could
+    run only on rack-small's reserved GPUs: the webhook refuses to create them while the reservation lasts
+    (the Job controller's FailedCreate events quote training-same-rack), so the pinned gang binds whole; once
+    it has, the Job controller's retry is admitted. Without the hold the scheduler bound the second job's
+    pods on rack-small and left the pinned one partly placed."""
+    cp, wh = racks_cp, racks_webhook
+    racks = pl.node_racks(cp)
+    busy_ns = pl.new_namespace(cp, "busy", {"gpu-admission.io/enforcement": "off"})
+    busy = [
+        pl.busy_pod(f"busy-{i}", n, 8) for i, n in enumerate(sorted(n for n, r in racks.items() if r == "rack-big"))
+    ]
+    r = cp.kubectl("apply", "-n", busy_ns, "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": busy})
+    pl.wait_pod_view(wh, cp)
+    ns = pl.new_namespace(cp, "hold")
+    gang = pl.indexed_job("gang", 2, 8)
+    gang["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    r = cp.kubectl("apply", "-n", ns, "-f", "-", input=gang, check=False)
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 30
+    while len(pl.job_pods(cp, ns, "gang")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    r = cp.kubectl("apply", "-n", ns, "-f", "-", input=pl.indexed_job("late", 2, 8), check=False)
+    assert r.returncode == 0 and "no rack holds the 16-GPU job now" in r.stderr, r.stderr  # admitted: prefer
+    deadline = time.monotonic() + 60
+    held: list[str] = []
+    while not held and time.monotonic() < deadline:
+        events = cp.get_json("events", "-n", ns, "--field-selector", "reason=FailedCreate")["items"]
+        held = [e["message"] for e in events if "held until that gang binds" in e["message"]]
+        time.sleep(0.5)
+    print("held:", held[:1])
+    assert held and "training-same-rack" in held[0] and "rack rack-small" in held[0], held
+    assert pl.job_pods(cp, ns, "late") == []  # not one pod of it on the reserved GPUs
+    for p in pl.job_pods(cp, ns, "gang"):
+        cp.kubectl("patch", "pod", p["metadata"]["name"], "-n", ns, "--type=json", "-p",
+                   '[{"op": "remove", "path": "/spec/schedulingGates"}]')  # fmt: skip
+    placed = pl.wait_placed(cp, ns, "gang", 2)
+    assert placed["pending"] == 0 and pl.racks_of(racks, placed["bound"]) == {"rack-small"}, placed
+    # the reservation is over: the Job controller's retry (back-off up to a minute) creates the pods; they
+    # wait for room like any pod, and the gang keeps its GPUs
+    deadline = time.monotonic() + 90
+    while len(pl.job_pods(cp, ns, "late")) < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(pl.job_pods(cp, ns, "late")) == 2
+    assert pl.wait_placed(cp, ns, "gang", 2)["pending"] == 0
+    for job in ("gang", "late"):
+        pl.delete_job(cp, ns, job)
+    for space in (ns, busy_ns):
+        cp.kubectl("delete", "pods", "--all", "-n", space, "--grace-period=0", "--force", check=False)
+    pl.wait_pod_view(wh, cp)
