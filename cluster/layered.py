@@ -71,16 +71,21 @@ class Layered(Generic[K, V]):
 
     def set(self, key: K, value: V) -> None:
         self._now[key] = value
-        self._delta[key] = value
+        self._changed(key, value)
 
     def pop(self, key: K) -> None:
         if self._now.pop(key, _GONE) is not _GONE:
-            self._delta[key] = _GONE
+            self._changed(key, _GONE)
+
+    def _changed(self, key: K, value: object) -> None:
+        # Compacted here, not only when a view is taken: with no reader (no GPU review for a while) the changes
+        # would pile up without bound, one entry per key ever removed.
+        self._delta[key] = value
+        if len(self._delta) > COMPACT_AT:
+            self._base, self._delta = dict(self._now), {}
 
     def __len__(self) -> int:
         return len(self._now)
 
     def view(self) -> View[K, V]:
-        if len(self._delta) > COMPACT_AT:
-            self._base, self._delta = dict(self._now), {}
         return View(self._base, dict(self._delta), len(self._now))

@@ -57,9 +57,21 @@ def test_a_view_copies_only_the_changes_since_the_last_compaction() -> None:
     table: Layered[int, int] = Layered()
     for i in range(5000):
         table.set(i, i)
-    first = table.view()  # 5000 changes > COMPACT_AT: compacted, nothing beside the base
+    first = table.view()  # 5000 changes > COMPACT_AT: compacted on the way, at most COMPACT_AT beside the base
+    assert len(first._delta) <= layered.COMPACT_AT and len(first._base) >= 5000 - layered.COMPACT_AT
     table.set(0, -1)
     table.pop(1)
     second = table.view()
-    assert first._base is second._base and second._delta == {0: -1, 1: layered._GONE}
+    assert first._base is second._base and second._delta == {**first._delta, 0: -1, 1: layered._GONE}
     assert (first[0], second[0], 1 in first, 1 in second, len(first), len(second)) == (0, -1, True, False, 5000, 4999)
+
+
+def test_changes_without_any_view_stay_bounded() -> None:
+    """With no reader for a while (no GPU review while pods come and go) the changes must not pile up: one
+    entry per key ever removed was a leak of the pod view's per-job counts."""
+    d: Layered[str, int] = Layered()
+    for i in range(10 * layered.COMPACT_AT):
+        d.set(f"job-{i}", 1)
+        d.pop(f"job-{i}")
+    assert len(d._delta) <= layered.COMPACT_AT and len(d._base) <= layered.COMPACT_AT
+    assert dict(d.view()) == {} and len(d) == 0
