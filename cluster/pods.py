@@ -300,6 +300,11 @@ class PodView:
     def synced(self) -> bool:
         return self._synced
 
+    def get(self, key: str) -> PodEntry | None:
+        """The entry of pod `key` (namespace/name): None for a pod with no GPU, or not seen (yet). O(1)."""
+        with self._lock:
+            return self._entries.get(key)
+
     def snapshot(self) -> PodSnapshot:
         snap = self._snap
         if snap is not None and snap.version == self._version:

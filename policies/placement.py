@@ -125,6 +125,7 @@ class DomainNodes:
     generation: int = field(default=0, compare=False)
     owner: Grouping | None = field(default=None, compare=False, repr=False)
     counts: Mapping[int, int] | None = field(default=None, compare=False, repr=False)  # free GPUs -> nodes
+    node_gpus: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)  # node -> whole GPUs
 
     def free_counts(self) -> Counter[int]:
         """Free GPUs -> how many candidate nodes (of every domain) have that many: a copy to edit."""
@@ -230,7 +231,8 @@ class Grouping:
         self.members = {d: tuple(m) for d, m in members.items()}
         where = {name: d for d, m in self.members.items() for name, _ in m}
         alloc = {d: tuple(sorted(g for _, g in m)) for d, m in self.members.items()}
-        self.static = DomainNodes(alloc, alloc, where, 0, self, Counter(g for a in alloc.values() for g in a))
+        gpus = {name: g for m in self.members.values() for name, g in m}
+        self.static = DomainNodes(alloc, alloc, where, 0, self, Counter(g for a in alloc.values() for g in a), gpus)
         self._last: tuple[int, int, DomainNodes] | None = None
         # Generations of DomainNodes made here: generation -> (the one it was derived from, the domains that
         # changed; None: all). Bounded: a generation no longer known rebuilds what needs it.
@@ -289,7 +291,8 @@ class Grouping:
                 counts.update(free[d])
             self._steps[generation] = (last[2].generation, domains)
         self._steps.pop(generation - STEPS_KEPT, None)
-        out = DomainNodes(self.static.allocatable, free, self.static.node_domain, generation, self, +counts)
+        static = self.static
+        out = DomainNodes(static.allocatable, free, static.node_domain, generation, self, +counts, static.node_gpus)
         self._last = (capacity.source, capacity.version, out)
         return out
 
@@ -527,6 +530,60 @@ def _lands_harmlessly(free: Sequence[int], size: int, domain: str, held: Sequenc
 
 def _lands_on_reserved(free: Sequence[int], size: int, domain: str, held: Sequence[Reservation]) -> bool:
     return not all(_landings(free, size, domain, held))
+
+
+@dataclass(frozen=True)
+class BindHarm:
+    """A bind that takes GPUs other jobs' reserved gangs need: the node's domain of `key`, the jobs whose
+    gangs would no longer fit there, and the node's free GPUs before the pod."""
+
+    key: str
+    domain: str
+    jobs: tuple[str, ...]
+    free: int
+
+
+def bind_harm(
+    nodes: DomainNodes,
+    key: str,
+    node: str,
+    size: int,
+    used: Mapping[str, int],
+    reservations: Sequence[Reservation],
+    job: str | None,
+) -> BindHarm | None:
+    """Whether binding a pod of `size` whole GPUs (of job `job`) to `node` breaks a reservation of another
+    job in the node's domain of `key`: some reserved gang that fits the domain now (the reserved gangs placed
+    best fit, in the order they were made, a gang that does not fit skipped) would not with the pod on the
+    node. `used`: whole GPUs held per node (the pod view's, whose snapshot `nodes` is at). None when the bind
+    harms none — also when the view says the node has no room for the pod (it is behind the cluster: the
+    kubelet judges) or the reserved gangs did not fit anyway (refusing would keep nothing for them)."""
+    domain = nodes.node_domain.get(node)
+    held = [r for r in reservations if r.key == key and r.domain == domain and r.job != job]
+    if domain is None or not held or size <= 0:
+        return None
+    free = nodes.free[domain]
+    mine = max(nodes.node_gpus.get(node, 0) - used.get(node, 0), 0)
+    if mine < size or mine not in free:
+        return None
+    before = _fitting(free, held)
+    left = list(free)
+    left[left.index(mine)] = mine - size
+    after = _fitting(left, held)
+    lost = tuple(r.job for r in before if r not in after)
+    return BindHarm(key, domain, lost, mine) if lost else None
+
+
+def _fitting(free: Sequence[int], held: Sequence[Reservation]) -> list[Reservation]:
+    """The reservations that fit, placed best fit one after the other (one that does not fit takes nothing)."""
+    left = tuple(sorted(free))
+    out = []
+    for r in held:
+        placed = place(left, r.sizes)
+        if placed is not None:
+            left = placed
+            out.append(r)
+    return out
 
 
 def _placed(free: Sequence[int], domain: str, held: Sequence[Reservation]) -> tuple[int, ...] | None:

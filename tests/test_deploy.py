@@ -30,6 +30,7 @@ from webhook.cmd_serve import LEDGER_LEASE
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
+BIND_HOOK = "bindings.validate.gpu-admission.io"  # fails open: never stops binding (reserved-bind)
 BASE = DEPLOY / "base"
 OVERLAY = DEPLOY / "overlays" / "cert-manager"
 VALIDATE_PODS = DEPLOY / "overlays" / "validate-pods"
@@ -403,12 +404,26 @@ def test_webhook_common_settings(rendered: list[dict[str, Any]]) -> None:
             # Namespaces are cluster-scoped (their enforcement label is guarded); everything else is namespaced.
             assert rule.get("scope") == ("Cluster" if rule["resources"] == ["namespaces"] else "Namespaced"), name
             assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], name
+            if name == BIND_HOOK:  # the one subresource: the scheduler's binds (reserved-bind)
+                assert rule == {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/binding"],
+                                "operations": ["CREATE"], "scope": "Namespaced"}, name  # fmt: skip
+                continue
             assert not any("/" in r for r in rule["resources"]), f"{name}: no subresources (status, scale)"
 
 
 def test_failure_policy_fail_closed(rendered: list[dict[str, Any]]) -> None:
     for _, h in all_webhooks(rendered):
+        if h["name"] == BIND_HOOK:
+            continue
         assert h["failurePolicy"] == "Fail", f"{h['name']}: the documented choice is fail-closed"
+
+
+def test_bind_check_fails_open_fast_and_spares_the_control_plane(rendered: list[dict[str, Any]]) -> None:
+    """A bind webhook that failed closed would stop scheduling cluster-wide while the server is down."""
+    (h,) = [h for _, h in all_webhooks(rendered) if h["name"] == BIND_HOOK]
+    assert h["failurePolicy"] == "Ignore" and h["timeoutSeconds"] <= 2
+    (expr,) = h["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn" and {"kube-system", NS} <= set(expr["values"])
 
 
 def test_ca_bundle_is_injected_not_shipped() -> None:
@@ -895,6 +910,11 @@ def cel_cases(
         yield "until changed", "UPDATE", later, exc, "e", True
         yield "metadata-only update (an expired one can still be relabelled)", "UPDATE", relabelled, exc, "e", False
         yield "no spec (the schema refuses it; the webhook must not error)", "CREATE", _obj("X", {}), None, "e", True
+        return
+    if family == "bindings":  # no condition: a Binding has nothing to tell a GPU pod's from another's
+        bind = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p", "namespace": "ml"},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}}  # fmt: skip
+        yield "a bind", "CREATE", bind, None, "p", True
         return
     if family == "namespaces":
         plain = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}

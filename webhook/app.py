@@ -20,11 +20,14 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from policies import bindcheck
 from policies import exceptions as exceptions_mod
 from policies.document import PolicyError, parse_policy_text
 from policies.engine import EXCEPTED, Review, ReviewContext, review
 from policies.ledger import Admission, admitted_group
 from policies.protect import DEFAULT_GROUP, enforcement_change
+from policies.resources import GPU
+from policies.userkeys import namespace_mode
 from webhook import admission
 from webhook.metrics import Metrics
 from webhook.state import POLICY_KEY, State
@@ -314,6 +317,8 @@ def create_app(
             return _namespace_label(req, obj, webhook, policy.hash)
         if webhook == "validate" and exceptions_mod.is_exception(obj):
             return _exception_object(req, obj), None
+        if req.kind == "Binding":
+            return _binding(req, obj, snap)
         if obj.get("kind") == "Pod" and req.operation != "CREATE":
             return admission.response(req.uid, allowed=True), None  # pod specs are immutable after create
         ns = req.namespace or _meta(obj, "namespace")
@@ -385,6 +390,31 @@ def create_app(
                 audit=_audit_annotations(r),
             )
         return out, _record(req, webhook, r)
+
+    def _binding(req: admission.Request, obj: dict[str, Any], snap: Any) -> tuple[dict[str, Any], Any]:
+        """A pod's bind (pods/binding): refused only when it takes GPUs of another job's reservation
+        (policies/bindcheck.py). Never an error: whatever cannot be judged is allowed."""
+        policy = snap.policy
+        ns = req.namespace or _meta(obj, "namespace")
+        name = req.name or _meta(obj, "name")
+        held = state.reservations.active()
+        mode, _ = namespace_mode(snap.namespaces.get(ns), policy.default_enforcement)
+        if mode != "enforce":
+            held = ()  # the namespace's pods are not judged (enforcement warn, audit or off)
+        pod = None
+        if held:
+            entry = state.pod_entry(ns, name)
+            pod = bindcheck.pod_of(ns, name, dict(entry.gpus), entry.job, GPU) if entry is not None else None
+        verdict = bindcheck.check(obj, pod, snap.inventory, state.capacity(), held, policy.reservation_seconds)
+        outcome = "pass" if verdict.allowed else "deny"
+        m.inc("gpu_admission_bind_checks_total", (("outcome", outcome), ("reason", verdict.reason)))
+        if verdict.allowed:
+            return admission.response(req.uid, allowed=True), None
+        log.info("bind refused", extra={"uid": req.uid, "pod": f"{ns}/{name}", "detail": verdict.message})
+        rec = _base_record(req, "validate")
+        rule = {"rule": bindcheck.RULE, "action": "enforce", "outcome": "deny", "message": verdict.message}
+        rec.update(rules=[rule], policyHash=policy.hash)
+        return admission.response(req.uid, allowed=False, message=verdict.message), rec
 
     def _failure(
         req: admission.Request, webhook: str, mode: str, policy_hash: str, why: str

@@ -196,10 +196,15 @@ class State:
             cap = self._capacity = capacity_of(snap)
         return cap
 
+    def pod_entry(self, namespace: str, name: str) -> PodEntry | None:
+        """The pod view's entry of one pod (None: no view, a pod with no GPU, or not seen yet)."""
+        view = self.pods
+        return view.get(f"{namespace}/{name}") if view is not None else None
+
     def load_pods(self, objects: list[dict[str, Any]], source: str) -> PodView:
         """A pod view from a fixed set of pods (a file): synced at once."""
         view = PodView(pod_facts, on_bound=self.reservations.bound)
-        view.load({f"{i}": obj for i, obj in enumerate(objects)})
+        view.load({_file_key(i, obj): obj for i, obj in enumerate(objects)})  # by name: the bind check looks up
         self.pods, self.pods_source = view, source
         return view
 
@@ -569,6 +574,13 @@ class State:
             r.stop(timeout=1.0)
         if self.node_batches is not None:
             self.node_batches.stop()
+
+
+def _file_key(i: int, obj: Any) -> str:
+    """A pod of a file by its namespace/name, as the watch keys it; by its position when it has no name."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    named = isinstance(meta, dict) and isinstance(meta.get("name"), str) and isinstance(meta.get("namespace"), str)
+    return f"{meta['namespace']}/{meta['name']}" if named else f"#{i}"  # type: ignore[index]
 
 
 def _entry_key(e: PodEntry) -> str:

@@ -67,6 +67,8 @@ INLINE = {
     "approvers": "{{ .Values.exceptionApprovers | quote }}",
 }
 APPROVER_BINDING = "gpu-admission-exception-approver"
+# Webhooks that fail open whatever .Values.failurePolicy says: the bind check must never stop binding.
+FAIL_OPEN = frozenset({"bindings.validate.gpu-admission.io"})
 
 
 def _block_resources(indent: str) -> str:
@@ -202,7 +204,8 @@ def mark(obj: Obj, pod_hooks: list[Obj]) -> Obj:
         for hook in obj["webhooks"]:
             if not isinstance(hook, dict):
                 continue  # a sentinel
-            hook["failurePolicy"] = _sentinel("failurePolicy")
+            if hook["name"] not in FAIL_OPEN:
+                hook["failurePolicy"] = _sentinel("failurePolicy")
             for expression in hook.get("namespaceSelector", {}).get("matchExpressions", []):
                 if expression.get("key") == "kubernetes.io/metadata.name" and expression.get("operator") == "NotIn":
                     expression["values"] = _sentinel("excluded")
@@ -372,7 +375,7 @@ def values_yaml(base: dict[tuple[str, str, str], Obj]) -> str:
 VALUE_COMMENTS = {
     "image": "The server image (also used by the certs Job and CronJob).",
     "replicas": "Server replicas (1-10); the PDB keeps one available.",
-    "failurePolicy": "Every webhook's failurePolicy: Fail (default, closed) or Ignore.",
+    "failurePolicy": "Every webhook's failurePolicy but the bind check's (always Ignore): Fail (closed) or Ignore.",
     "excludedNamespaces": "Namespaces no webhook is called for; gpu-admission itself is always added.",
     "exceptionApprovers": "The group that may grant GPUPolicyExceptions and change the enforcement label.",
     "certificates": "self-managed (the certs Job and CronJob) or cert-manager (installed first).",

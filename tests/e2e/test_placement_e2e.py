@@ -252,3 +252,68 @@ def test_a_pod_that_fits_only_on_a_gangs_reserved_gpus_is_held_until_the_gang_bi
     for space in (ns, busy_ns):
         cp.kubectl("delete", "pods", "--all", "-n", space, "--grace-period=0", "--force", check=False)
     pl.wait_pod_view(wh, cp)
+
+
+def _ungate(cp: ControlPlane, ns: str, job: str) -> None:
+    for p in pl.job_pods(cp, ns, job):
+        cp.kubectl("patch", "pod", p["metadata"]["name"], "-n", ns, "--type=json", "-p",
+                   '[{"op": "remove", "path": "/spec/schedulingGates"}]')  # fmt: skip
+
+
+def _gated_job(cp: ControlPlane, ns: str, name: str, pods: int, gpus: int) -> str:
+    job = pl.indexed_job(name, pods, gpus)
+    job["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    r = cp.kubectl("apply", "-n", ns, "-f", "-", input=job, check=False)
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 30
+    while len(pl.job_pods(cp, ns, name)) < pods and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(pl.job_pods(cp, ns, name)) == pods
+    return r.stderr
+
+
+def test_a_pending_pod_is_refused_the_bind_onto_a_gangs_reserved_gpus_and_the_gang_binds_whole(
+    racks_cp: ControlPlane, racks_webhook: Webhook
+) -> None:
+    """The race the hold cannot see: rack-big full; a 3x8 job no rack holds (the prefer fallback) is created
+    first and its pods wait (scheduling gates: a busy scheduler); then a 2x8 job is pinned to rack-small, the
+    only rack with room, and its pods wait too. When the first job's pods become schedulable, rack-small's
+    reserved GPUs are the only free ones: the scheduler picks them, and the API server sends the bind to the
+    webhook (pods/binding), which refuses it (the scheduler's FailedScheduling events quote reserved-bind).
+    The pinned gang then binds whole in rack-small. Without the bind check the scheduler bound two of the first
+    job's pods there (they were admitted before the pin: nothing in their spec keeps them off), leaving the
+    pinned gang with no node and the first job partly placed."""
+    cp, wh = racks_cp, racks_webhook
+    racks = pl.node_racks(cp)
+    busy_ns = pl.new_namespace(cp, "busy", {"gpu-admission.io/enforcement": "off"})
+    big = sorted(n for n, r in racks.items() if r == "rack-big")
+    busy = [pl.busy_pod(f"busy-{i}", n, 8) for i, n in enumerate(big)]
+    cp.kubectl("apply", "-n", busy_ns, "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": busy})
+    pl.wait_pod_view(wh, cp)
+    ns = pl.new_namespace(cp, "bind")
+    warned = _gated_job(cp, ns, "early", 3, 8)
+    assert "no rack holds the 24-GPU job now" in warned, warned  # admitted on the prefer fallback
+    pl.wait_pod_view(wh, cp)  # its pods are in the view (unbound) before the pin
+    _gated_job(cp, ns, "gang", 2, 8)
+    stored = cp.get_json("job", "gang", "-n", ns)["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    terms = stored["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": pl.RACK, "operator": "In", "values": ["rack-small"]} in terms[0]["matchExpressions"]
+    _ungate(cp, ns, "early")
+    deadline = time.monotonic() + 60
+    refused: list[str] = []
+    while not refused and time.monotonic() < deadline:
+        events = cp.get_json("events", "-n", ns)["items"]
+        refused = [e["message"] for e in events if "reserved-bind" in e.get("message", "")]
+        time.sleep(0.5)
+    print("refused:", refused[:1])
+    assert refused and "would take GPUs reserved for job " + ns + "/gang's gang in rack rack-small" in refused[0]
+    assert all(not p["spec"].get("nodeName") for p in pl.job_pods(cp, ns, "early"))  # none on reserved GPUs
+    _ungate(cp, ns, "gang")
+    placed = pl.wait_placed(cp, ns, "gang", 2)
+    assert placed["pending"] == 0 and pl.racks_of(racks, placed["bound"]) == {"rack-small"}, placed
+    assert all(not p["spec"].get("nodeName") for p in pl.job_pods(cp, ns, "early"))  # no room left: it waits
+    for job in ("gang", "early"):
+        pl.delete_job(cp, ns, job)
+    for space in (ns, busy_ns):
+        cp.kubectl("delete", "pods", "--all", "-n", space, "--grace-period=0", "--force", check=False)
+    pl.wait_pod_view(wh, cp)

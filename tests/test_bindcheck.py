@@ -1,0 +1,221 @@
+"""The bind check (`reserved-bind`, issue #11): a pod's Binding that takes GPUs reserved for another job's gang
+is refused; every other bind passes. The pure decision (placement.bind_harm, policies/bindcheck.py) and the
+server's answer to a pods/binding AdmissionReview (webhook/app.py).
+
+The cluster is examples/placement/racks.yaml: rack-big (h100-big-1..4) and rack-small (h100-small-1..2), 8
+H100 each."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import bindcheck, placement
+from policies.placement import Reservation, group
+from tests.test_placement import INV, NODES, RACK, bound_pod, capacity
+from webhook.app import ServerConfig, create_app
+from webhook.metrics import Metrics
+from webhook.state import State
+
+GANG = "ml-research/batch.kubernetes.io/job-name=gang"
+LATE = "ml-research/batch.kubernetes.io/job-name=late"
+HELD = Reservation(GANG, RACK, "rack-small", (8, 8))
+FULL_BIG = tuple(bound_pod(f"b{i}", f"h100-big-{i}", 8) for i in (1, 2, 3, 4))
+
+
+def harm(node: str, size: int, *pods: dict[str, Any], held: tuple[Reservation, ...] = (HELD,), job: str | None = LATE):
+    cap = capacity(*pods)
+    return placement.bind_harm(group(INV.nodes, RACK, cap), RACK, node, size, cap.used, held, job)
+
+
+def test_a_bind_onto_gpus_a_reserved_gang_needs_is_refused_naming_the_job_and_rack() -> None:
+    got = harm("h100-small-1", 8, *FULL_BIG)
+    assert got == placement.BindHarm(RACK, "rack-small", (GANG,), 8)
+    assert harm("h100-small-2", 1, *FULL_BIG) is not None  # one GPU is enough to break a 2x8 gang
+
+
+def test_binds_that_harm_no_reservation_pass() -> None:
+    assert harm("h100-big-1", 8) is None  # outside the reserved rack
+    assert harm("h100-small-1", 8, job=GANG) is None  # the reserved job's own pod
+    assert harm("h100-small-1", 8, held=()) is None
+    assert harm("h100-small-1", 0) is None  # no whole GPU
+    assert harm("no-such-node", 8) is None
+    assert harm("h100-small-1", 8, held=(Reservation(GANG, "zone", "rack-small", (8, 8)),)) is None  # other key
+    # a node of the rack the gang does not need: a 1x8 reservation leaves the other small node free
+    assert harm("h100-small-1", 8, held=(Reservation(GANG, RACK, "rack-small", (8,)),)) is None
+    # 4 GPUs of a node the gang needs whole: refused; the same 4 where it fits beside the pod: passes
+    assert harm("h100-small-1", 4) is not None
+    assert harm("h100-small-1", 4, held=(Reservation(GANG, RACK, "rack-small", (8, 4)),)) is None
+
+
+def test_a_bind_the_view_says_does_not_fit_or_a_reservation_already_broken_passes() -> None:
+    half = bound_pod("x", "h100-small-1", 4)
+    assert harm("h100-small-1", 8, half) is None  # 4 free: the view is behind the cluster, the kubelet judges
+    assert harm("h100-small-2", 8, half) is None  # the 2x8 gang no longer fits anyway: refusing keeps nothing
+    # two reservations, one already broken: a bind that breaks the other is still refused
+    held = (HELD, Reservation("ml-research/batch.kubernetes.io/job-name=small", RACK, "rack-small", (4,)))
+    assert harm("h100-small-2", 4, held=held) is not None  # 2x8 fits, 4 does not: the 2x8 is kept
+    got = harm("h100-small-2", 8, held=held)
+    assert got is not None and got.jobs == (GANG,)
+
+
+@given(
+    st.lists(st.integers(0, 8), min_size=1, max_size=6),
+    st.integers(1, 8),
+    st.integers(1, 4),
+    st.integers(0, 5),
+    st.integers(1, 8),
+)
+@settings(max_examples=300, deadline=None)
+def test_with_one_gang_of_equal_pods_a_bind_is_refused_exactly_when_it_costs_the_gang_a_needed_piece(
+    free: list[int], per_pod: int, pods: int, at: int, size: int
+) -> None:
+    """An oracle that does not place anything: equal pods fit iff the domain has as many pod-sized pieces."""
+    names = [f"n{i}" for i in range(len(free))]
+    node = names[at % len(names)]
+    nodes = placement.DomainNodes(
+        {"d": (8,) * len(free)},
+        {"d": tuple(sorted(free))},
+        dict.fromkeys(names, "d"),
+        node_gpus=dict.fromkeys(names, 8),
+    )
+    used = {n: 8 - f for n, f in zip(names, free, strict=True)}
+    held = (Reservation("j", "k", "d", (per_pod,) * pods),)
+    got = placement.bind_harm(nodes, "k", node, size, used, held, "other")
+    mine = free[names.index(node)]
+    before = sum(f // per_pod for f in free)
+    after = before - mine // per_pod + (mine - size) // per_pod
+    assert (got is not None) == (mine >= size and before >= pods > after)
+    assert placement.bind_harm(nodes, "k", node, size, used, held, "j") is None  # never the gang's own pod
+
+
+def _binding(node: str = "h100-small-1", kind: str = "Node") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "late-0", "namespace": "ml-research"},
+            "target": {"apiVersion": "v1", "kind": kind, "name": node}}  # fmt: skip
+
+
+def test_check_refuses_with_one_line_and_allows_what_it_cannot_judge() -> None:
+    cap = capacity(*FULL_BIG)
+    pod = bindcheck.BoundPod("ml-research", "late-0", 8, LATE)
+    v = bindcheck.check(_binding(), pod, INV, cap, (HELD,), 120)
+    assert not v.allowed and v.reason == bindcheck.HARMS
+    assert v.message == (
+        "reserved-bind: binding pod ml-research/late-0 (8 GPUs) to node h100-small-1 (8 free) would take GPUs "
+        "reserved for job ml-research/gang's gang in rack rack-small: refused until that gang binds (at most "
+        "placement.reservationSeconds, 120 s); the scheduler retries the pod"
+    )
+    reasons = [
+        bindcheck.check(_binding(), pod, INV, cap, (), 120).reason,
+        bindcheck.check(_binding(kind="Scheduler"), pod, INV, cap, (HELD,), 120).reason,
+        bindcheck.check({"target": "x"}, pod, INV, cap, (HELD,), 120).reason,
+        bindcheck.check(_binding(), None, INV, cap, (HELD,), 120).reason,
+        bindcheck.check(
+            _binding(), bindcheck.BoundPod("ml-research", "late-0", 0, LATE), INV, cap, (HELD,), 120
+        ).reason,
+        bindcheck.check(_binding(), pod, INV, None, (HELD,), 120).reason,
+        bindcheck.check(_binding(), pod, INV, placement.Capacity({}, {}, synced=False), (HELD,), 120).reason,
+        bindcheck.check(_binding("h100-big-1"), pod, INV, capacity(), (HELD,), 120).reason,
+    ]
+    assert reasons == [
+        bindcheck.NO_RESERVATION,
+        bindcheck.NO_TARGET,
+        bindcheck.NO_TARGET,
+        bindcheck.UNKNOWN_POD,
+        bindcheck.NOT_WHOLE_GPUS,
+        bindcheck.NO_VIEW,
+        bindcheck.NO_VIEW,
+        bindcheck.HARMLESS,
+    ]
+
+
+def test_target_node_reads_only_a_node_target() -> None:
+    assert bindcheck.target_node(_binding()) == "h100-small-1"
+    assert bindcheck.target_node({"target": {"name": "n"}}) == "n"  # kind unset: a node
+    for bad in (None, [], {}, {"target": None}, {"target": {"kind": "Node"}}, {"target": {"name": 3}},
+                {"target": {"kind": "Node", "name": ""}}, _binding(kind="Scheduler")):  # fmt: skip
+        assert bindcheck.target_node(bad) is None
+
+
+# -- the server: a pods/binding AdmissionReview ------------------------------------------------------------
+
+
+def _review(binding: dict[str, Any], uid: str = "u1") -> bytes:
+    meta = binding.get("metadata", {})
+    return orjson.dumps({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid, "operation": "CREATE", "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"}, "subResource": "binding",
+            "name": meta.get("name", ""), "namespace": meta.get("namespace", ""), "object": binding,
+            "userInfo": {"username": "system:kube-scheduler"},
+        },
+    })  # fmt: skip
+
+
+def _pending(name: str, gpus: int, job: str) -> dict[str, Any]:
+    pod = bound_pod(name, "", gpus, job)
+    pod["status"] = {"phase": "Pending"}
+    return pod
+
+
+class Server:
+    def __init__(self, namespace_labels: dict[str, str] | None = None) -> None:
+        self.state = State()
+        self.state.set_nodes(NODES, "file")
+        self.state.set_namespaces({"ml-research": namespace_labels or {}})
+        self.state.load_pods([*FULL_BIG, _pending("late-0", 8, "late"), _pending("cpu", 0, "late")], "file")
+        self.metrics = Metrics()
+        self.audit: list[dict[str, Any]] = []
+        recorder = type("Audit", (), {"record": lambda _, r: self.audit.append(r), "stats": lambda _: {}})()
+        self.handler = create_app(
+            self.state, metrics=self.metrics, audit=recorder, config=ServerConfig()
+        ).state.review_bytes
+
+    def bind(self, binding: dict[str, Any]) -> dict[str, Any]:
+        status, payload = asyncio.run(self.handler(_review(binding), "validate", None))
+        assert status == 200, payload
+        response: dict[str, Any] = orjson.loads(payload)["response"]
+        return response
+
+
+def _reserve(s: Server) -> None:
+    s.state.reservations.record(placement_of(HELD), 120)
+
+
+def placement_of(r: Reservation) -> Any:
+    from policies.engine import Placement
+
+    return Placement(r.job, r.key, r.domain, r.sizes)
+
+
+def test_the_server_refuses_a_harmful_bind_with_403_audits_it_and_counts_it() -> None:
+    s = Server()
+    assert s.bind(_binding())["allowed"] is True  # no reservation yet
+    _reserve(s)
+    r = s.bind(_binding())
+    assert r["allowed"] is False and r["status"]["code"] == 403
+    assert r["status"]["message"].startswith(
+        "reserved-bind: binding pod ml-research/late-0 (8 GPUs) to node h100-small-1"
+    )
+    assert s.bind(_binding("h100-big-1"))["allowed"] is True  # (the view says full: not judged)
+    assert s.audit[-1]["rules"][0]["rule"] == "reserved-bind" and s.audit[-1]["kind"] == "Binding"
+    assert len(s.audit) == 1  # allowed binds are not audited: every pod of the cluster is bound once
+    text = s.metrics.render()
+    assert 'gpu_admission_bind_checks_total{outcome="deny",reason="harms-reservation"} 1' in text
+    assert 'gpu_admission_bind_checks_total{outcome="pass",reason="no-reservation"} 1' in text
+    other = _binding()
+    other["metadata"]["name"] = "not-in-the-view"
+    assert s.bind(other)["allowed"] is True
+    assert 'reason="unknown-pod"} 1' in s.metrics.render()
+
+
+def test_the_server_does_not_judge_binds_in_a_namespace_whose_enforcement_is_off() -> None:
+    for mode in ("off", "warn", "audit"):
+        s = Server({"gpu-admission.io/enforcement": mode})
+        _reserve(s)
+        assert s.bind(_binding())["allowed"] is True, mode
