@@ -164,6 +164,16 @@ def pod_view_gpu_pods(wh: Webhook) -> float:
     return float(m.group(1)) if m else -1.0
 
 
+def binds_refused(wh: Webhook) -> float:
+    """Binds the webhook refused so far (reserved-bind: gpu_admission_bind_checks_total, outcome deny)."""
+    assert wh.server is not None
+    with wh.server.client() as c:
+        text = c.get("/metrics").text
+    return sum(
+        float(m) for m in re.findall(r'^gpu_admission_bind_checks_total\{outcome="deny",[^}]*\} (\S+)$', text, re.M)
+    )
+
+
 def wait_pod_view(wh: Webhook, cp: ControlPlane, timeout: float = 20.0) -> None:
     """Until the webhook's pod view counts exactly the GPU pods the API server has (deletions seen)."""
     deadline = time.monotonic() + timeout
