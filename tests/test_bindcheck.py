@@ -177,7 +177,7 @@ class Server:
         ).state.review_bytes
 
     def bind(self, binding: dict[str, Any]) -> dict[str, Any]:
-        status, payload = asyncio.run(self.handler(_review(binding), "validate", None))
+        status, payload = asyncio.run(self.handler(_review(binding), "bind", None))
         assert status == 200, payload
         response: dict[str, Any] = orjson.loads(payload)["response"]
         return response

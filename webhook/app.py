@@ -98,8 +98,9 @@ class ByteBudget:
 
 
 # /admit mutates and then judges the mutated object in one review: the one call per Pod (docs/deploy.md,
-# "One call per pod"). /mutate and /validate are the two stages for workload templates and other kinds.
-_ADMISSION_PATHS = {"/admit": "admit", "/mutate": "mutate", "/validate": "validate"}
+# "One call per pod"). /mutate and /validate are the two stages for workload templates and other kinds. /bind
+# judges the scheduler's binds (reserved-bind): every pod's, so counted apart from the reviews of objects.
+_ADMISSION_PATHS = {"/admit": "admit", "/mutate": "mutate", "/validate": "validate", "/bind": "bind"}
 
 
 def fast_path(app: FastAPI) -> Any:
@@ -317,8 +318,8 @@ def create_app(
             return _namespace_label(req, obj, webhook, policy.hash)
         if webhook == "validate" and exceptions_mod.is_exception(obj):
             return _exception_object(req, obj), None
-        if req.kind == "Binding":
-            return _binding(req, obj, snap)
+        if webhook == "bind":
+            return _binding(req, obj, snap)  # (anything but a Binding has no target node: allowed there)
         if obj.get("kind") == "Pod" and req.operation != "CREATE":
             return admission.response(req.uid, allowed=True), None  # pod specs are immutable after create
         ns = req.namespace or _meta(obj, "namespace")
@@ -411,7 +412,7 @@ def create_app(
         if verdict.allowed:
             return admission.response(req.uid, allowed=True), None
         log.info("bind refused", extra={"uid": req.uid, "pod": f"{ns}/{name}", "detail": verdict.message})
-        rec = _base_record(req, "validate")
+        rec = _base_record(req, "bind")
         rule = {"rule": bindcheck.RULE, "action": "enforce", "outcome": "deny", "message": verdict.message}
         rec.update(rules=[rule], policyHash=policy.hash)
         return admission.response(req.uid, allowed=False, message=verdict.message), rec
@@ -503,6 +504,10 @@ def create_app(
     @app.post("/validate")
     async def validate(request: Request) -> Response:
         return await handle(request, "validate")
+
+    @app.post("/bind")
+    async def bind(request: Request) -> Response:
+        return await handle(request, "bind")
 
     @app.get("/healthz")
     async def healthz() -> Response:

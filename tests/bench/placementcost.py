@@ -10,6 +10,7 @@ the 500,000 are CPU pods (the view drops them at decode). Printed and written to
   snapshot for each call (the worst case: the pod view changed since the last review, so no memo helps), and
   with the same snapshot (the memo: the other pods and templates of one job, between two pod events);
 - keep-off: `review` of a 4-GPU pod while 3 jobs hold reservations, fresh snapshot and memoized;
+- bind check: that pod's bind onto a node of a reserved rack judged (policies/bindcheck.py), fresh and not;
 - baseline: the same objects without a pod view (placement by allocatable only, memoized per inventory).
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from cluster.pods import PodView
 from cluster.reflector import Change
+from policies import bindcheck
 from policies import inventory as inventory_mod
 from policies.engine import review
 from policies.placement import Reservation
@@ -135,7 +137,19 @@ def _scenario(inv: Any, pol: Any, pods: dict[str, Any], quick: bool) -> dict[str
     r = fresh(job)
     out["decision"] = {"pinned": r.placement.domain if r.placement else None, "mutations": list(r.mutations)}
     out["keep_off_mutations"] = list(fresh(pod, held).mutations)
+    # The bind check (reserved-bind): a 4-GPU pod's bind onto a node of a reserved rack.
+    node = next(n.name for n in inv.nodes if n.labels.get(RACK) == racks[0] and n.whole_gpus >= 8)
+    binding = {"target": {"kind": "Node", "name": node}}
+    bound = bindcheck.BoundPod("web", "infer", 4, None)
+
+    def bind_fresh() -> Any:
+        change_and_snapshot()
+        return bindcheck.check(binding, bound, inv, capacity_of(view.snapshot()), held, 120)
+
+    out["bind_check"] = bind_fresh().reason
     cases = {
+        "bind_check_fresh_snapshot": bind_fresh,
+        "bind_check_memoized": lambda: bindcheck.check(binding, bound, inv, fixed, held, 120),
         "job_4x8_fresh_snapshot": lambda: fresh(job),
         "job_4x8_memoized": lambda: memo(job),
         "pod_keep_off_fresh_snapshot": lambda: fresh(pod, held),

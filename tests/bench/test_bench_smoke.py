@@ -197,5 +197,7 @@ def test_placement_cost_quick(out_dir: Path) -> None:
     assert full["keep_off_mutations"] == ["reserved-keep-off"]  # no rack free: the pod is kept off the reserved
     assert full["gpu_pods_in_view"] > room["gpu_pods_in_view"] > 0
     for sc in (room, full):
-        for name in ("change_and_snapshot", "job_4x8_fresh_snapshot", "job_4x8_memoized", "pod_keep_off_memoized"):
+        assert sc["bind_check"] in ("harms-reservation", "harmless")  # judged: a view, a reservation, a GPU pod
+        names = ("change_and_snapshot", "job_4x8_fresh_snapshot", "job_4x8_memoized", "pod_keep_off_memoized")
+        for name in (*names, "bind_check_fresh_snapshot", "bind_check_memoized"):
             assert _finite_positive(sc[name]["median_us"]) and sc[name]["p99_us"] >= sc[name]["median_us"]
