@@ -359,7 +359,9 @@ def run(quick: bool = False, seed: int = 11, only: tuple[str, ...] = ()) -> dict
                 result = {}
                 for mode, on in (("off", False), ("on", True)):
                     result[mode] = summary(run_real(cp, wh, specs, on, racks), specs[-1].arrive)
-                    result[mode]["binds_refused"] = pl.binds_refused(wh)  # reserved-bind, since the server started
+                    checks = pl.bind_checks(wh)  # reserved-bind, since the server started (one per layout)
+                    result[mode]["bind_checks"] = checks
+                    result[mode]["binds_refused"] = sum(n for k, n in checks.items() if k.startswith("deny/"))
                     common.say(f"   {mode}: {result[mode]}")
                 result["offline"] = summary(run_offline(specs, racks, lay["busy"]), specs[-1].arrive)
                 result["replicas"] = [replica_double_booking(burst, racks, n) for n in (1, 2, 3)]
@@ -396,6 +398,7 @@ def report(result: dict[str, Any]) -> None:
             common.say(f"  {r['replicas']} replica(s), bursts of ~3 jobs: {over} of {pins} pins over-commit their rack")
         refused = lay["on"].get("binds_refused")
         common.say(f"  binds refused by reserved-bind (webhook on): {'-' if refused is None else f'{refused:g}'}")
+        common.say(f"  binds judged, by outcome/reason: {lay['on'].get('bind_checks', {})}")
         for mode in ("off", "on"):
             for job, what in lay[mode].get("partly_placed_detail", {}).items():
                 common.say(f"  partly placed ({mode}) {job}: {what}")

@@ -164,14 +164,13 @@ def pod_view_gpu_pods(wh: Webhook) -> float:
     return float(m.group(1)) if m else -1.0
 
 
-def binds_refused(wh: Webhook) -> float:
-    """Binds the webhook refused so far (reserved-bind: gpu_admission_bind_checks_total, outcome deny)."""
+def bind_checks(wh: Webhook) -> dict[str, float]:
+    """The binds the webhook judged so far, by "outcome/reason" (gpu_admission_bind_checks_total)."""
     assert wh.server is not None
     with wh.server.client() as c:
         text = c.get("/metrics").text
-    return sum(
-        float(m) for m in re.findall(r'^gpu_admission_bind_checks_total\{outcome="deny",[^}]*\} (\S+)$', text, re.M)
-    )
+    found = re.findall(r'^gpu_admission_bind_checks_total\{outcome="([^"]*)",reason="([^"]*)"\} (\S+)$', text, re.M)
+    return {f"{outcome}/{reason}": float(n) for outcome, reason, n in found}
 
 
 def wait_pod_view(wh: Webhook, cp: ControlPlane, timeout: float = 20.0) -> None:
