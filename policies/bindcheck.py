@@ -96,21 +96,17 @@ def check(
 def _message(inv: Inventory, pod: BoundPod, node: str, harm: placement.BindHarm, seconds: float) -> str:
     level = next((lv for lv in inv.levels if lv.key == harm.key), None)
     noun = domain_text(level, inv.rack_label) if level is not None else harm.key
-    whose = "job " + ", ".join(_job_names(harm.jobs))
+    whose = ("the gang of job " if len(harm.jobs) == 1 else "the gangs of jobs ") + ", ".join(_job_names(harm.jobs))
     return (
         f"{RULE}: binding pod {pod.namespace}/{pod.name} ({pod.whole_gpus} GPUs) to node {node} ({harm.free} "
-        f"free) would take GPUs reserved for {whose}'s gang in {noun} {harm.domain}: refused until that gang "
-        f"binds (at most placement.reservationSeconds, {seconds:g} s); the scheduler retries the pod"
+        f"free) would take GPUs reserved for {whose} in {noun} {harm.domain}: refused until the reservation ends "
+        f"(its pods bind, at most placement.reservationSeconds, {seconds:g} s); the scheduler retries the pod"
     )
 
 
 def _job_names(jobs: Sequence[str]) -> list[str]:
-    """`ns/label=value` job ids as `ns/value` (the message names the job, not the label it was read from)."""
-    out = []
-    for job in jobs:
-        ns, _, rest = job.partition("/")
-        out.append(f"{ns}/{rest.rpartition('=')[2]}" if rest else job)
-    return out
+    """`ns/label=value` job ids (placement.job_id) as `ns/value`: the message names the job, not its label."""
+    return [f"{job.partition('/')[0]}/{job.rpartition('=')[2]}" for job in jobs]
 
 
 def pod_of(namespace: str, name: str, gpus: Mapping[str, int], job: str | None, resource: str) -> BoundPod:

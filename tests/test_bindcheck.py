@@ -105,22 +105,23 @@ def test_check_refuses_with_one_line_and_allows_what_it_cannot_judge() -> None:
     assert not v.allowed and v.reason == bindcheck.HARMS
     assert v.message == (
         "reserved-bind: binding pod ml-research/late-0 (8 GPUs) to node h100-small-1 (8 free) would take GPUs "
-        "reserved for job ml-research/gang's gang in rack rack-small: refused until that gang binds (at most "
-        "placement.reservationSeconds, 120 s); the scheduler retries the pod"
+        "reserved for the gang of job ml-research/gang in rack rack-small: refused until the reservation ends (its "
+        "pods bind, at most placement.reservationSeconds, 120 s); the scheduler retries the pod"
     )
-    reasons = [
-        bindcheck.check(_binding(), pod, INV, cap, (), 120).reason,
-        bindcheck.check(_binding(kind="Scheduler"), pod, INV, cap, (HELD,), 120).reason,
-        bindcheck.check({"target": "x"}, pod, INV, cap, (HELD,), 120).reason,
-        bindcheck.check(_binding(), None, INV, cap, (HELD,), 120).reason,
-        bindcheck.check(
-            _binding(), bindcheck.BoundPod("ml-research", "late-0", 0, LATE), INV, cap, (HELD,), 120
-        ).reason,
-        bindcheck.check(_binding(), pod, INV, None, (HELD,), 120).reason,
-        bindcheck.check(_binding(), pod, INV, placement.Capacity({}, {}, synced=False), (HELD,), 120).reason,
-        bindcheck.check(_binding("h100-big-1"), pod, INV, capacity(), (HELD,), 120).reason,
+    assert v.allowed is False
+    verdicts = [
+        bindcheck.check(_binding(), pod, INV, cap, (), 120),
+        bindcheck.check(_binding(kind="Scheduler"), pod, INV, cap, (HELD,), 120),
+        bindcheck.check({"target": "x"}, pod, INV, cap, (HELD,), 120),
+        bindcheck.check(_binding(), None, INV, cap, (HELD,), 120),
+        bindcheck.check(_binding(), bindcheck.BoundPod("ml-research", "late-0", 0, LATE), INV, cap, (HELD,), 120),
+        bindcheck.check(_binding(), pod, INV, None, (HELD,), 120),
+        bindcheck.check(_binding(), pod, INV, placement.Capacity({}, {}, synced=False), (HELD,), 120),
+        bindcheck.check(_binding("h100-big-1"), pod, INV, capacity(), (HELD,), 120),
+        bindcheck.check(_binding(), bindcheck.BoundPod("ml-research", "gang-0", 8, GANG), INV, cap, (HELD,), 120),
     ]
-    assert reasons == [
+    assert all(v.allowed is True for v in verdicts)
+    assert [v.reason for v in verdicts] == [
         bindcheck.NO_RESERVATION,
         bindcheck.NO_TARGET,
         bindcheck.NO_TARGET,
@@ -129,12 +130,44 @@ def test_check_refuses_with_one_line_and_allows_what_it_cannot_judge() -> None:
         bindcheck.NO_VIEW,
         bindcheck.NO_VIEW,
         bindcheck.HARMLESS,
+        bindcheck.HARMLESS,  # the reserved job's own pod
     ]
+
+
+def test_check_counts_the_free_gpus_of_the_view_and_names_every_job_it_would_strand() -> None:
+    """The rack's GPUs in use count: with 4 taken on one small node, a 1x8 reservation needs the other whole,
+    and a 1-GPU pod there breaks it; two reservations broken at once are both named."""
+    cap = capacity(*FULL_BIG, bound_pod("x", "h100-small-1", 4))
+    one = (Reservation(GANG, RACK, "rack-small", (8,)),)
+    small = bindcheck.BoundPod("ml-research", "late-0", 1, LATE)
+    v = bindcheck.check(_binding("h100-small-2"), small, INV, cap, one, 120)
+    assert v.allowed is False and "(1 GPUs) to node h100-small-2 (8 free)" in v.message
+    two = (Reservation(GANG, RACK, "rack-small", (4,)), Reservation(LATE, RACK, "rack-small", (4,)))
+    other = bindcheck.BoundPod("ml-research", "other-0", 8, None)
+    one_node = capacity(*FULL_BIG, bound_pod("x", "h100-small-1", 8))  # both 1x4 gangs need h100-small-2
+    v = bindcheck.check(_binding("h100-small-2"), other, INV, one_node, two, 120)
+    assert "reserved for the gangs of jobs ml-research/gang, ml-research/late in rack" in v.message
+
+
+def test_a_full_node_is_not_judged_in_place_of_another() -> None:
+    """The view says h100-small-1 is full: a 1-GPU bind there is the kubelet's to refuse, even though the 1
+    free GPU of h100-small-2 is reserved."""
+    pods = (*FULL_BIG, bound_pod("x", "h100-small-1", 8), bound_pod("y", "h100-small-2", 7))
+    held = (Reservation(GANG, RACK, "rack-small", (1,)),)
+    assert harm("h100-small-1", 1, *pods, held=held) is None
+    assert harm("h100-small-2", 1, *pods, held=held) is not None
+
+
+def test_pod_of_reads_whole_gpus_of_the_resource_and_keeps_the_job() -> None:
+    assert bindcheck.pod_of("ns", "p", {"nvidia.com/gpu": 4}, "j", "nvidia.com/gpu").whole_gpus == 4
+    assert bindcheck.pod_of("ns", "p", {"nvidia.com/mig-1g.10gb": 2}, "j", "nvidia.com/gpu").whole_gpus == 0
+    assert bindcheck.pod_of("ns", "p", {}, "j", "nvidia.com/gpu") == bindcheck.BoundPod("ns", "p", 0, "j")
 
 
 def test_target_node_reads_only_a_node_target() -> None:
     assert bindcheck.target_node(_binding()) == "h100-small-1"
     assert bindcheck.target_node({"target": {"name": "n"}}) == "n"  # kind unset: a node
+    assert bindcheck.target_node({"target": {"kind": "", "name": "n"}}) == "n"
     for bad in (None, [], {}, {"target": None}, {"target": {"kind": "Node"}}, {"target": {"name": 3}},
                 {"target": {"kind": "Node", "name": ""}}, _binding(kind="Scheduler")):  # fmt: skip
         assert bindcheck.target_node(bad) is None

@@ -306,7 +306,7 @@ def test_a_pending_pod_is_refused_the_bind_onto_a_gangs_reserved_gpus_and_the_ga
         refused = [e["message"] for e in events if "reserved-bind" in e.get("message", "")]
         time.sleep(0.5)
     print("refused:", refused[:1])
-    assert refused and "would take GPUs reserved for job " + ns + "/gang's gang in rack rack-small" in refused[0]
+    assert refused and f"would take GPUs reserved for the gang of job {ns}/gang in rack rack-small" in refused[0]
     assert all(not p["spec"].get("nodeName") for p in pl.job_pods(cp, ns, "early"))  # none on reserved GPUs
     _ungate(cp, ns, "gang")
     placed = pl.wait_placed(cp, ns, "gang", 2)
