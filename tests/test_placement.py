@@ -620,6 +620,30 @@ def test_placing_on_counts_per_free_gpus_is_placing_on_the_nodes(free: list[int]
     assert placement.fits_counts(Counter(free), sizes) == (place(free, sizes) is not None)
 
 
+def test_placing_on_counts_equals_placing_on_nodes_for_every_small_case() -> None:
+    """Exhaustive over small shapes (mutmut's fixed examples of the property above left the remainder's
+    bookkeeping unchecked): up to 4 nodes of 0-8 free GPUs, up to 5 pods of 2, 4 or 6 — a remainder that equals
+    a free count already there ((2, 6) for 4+2+2), several pods on one node's remainders ((4, 6) for 5x2)."""
+    import itertools
+    from collections import Counter
+
+    for n in range(5):
+        for free in itertools.combinations_with_replacement((0, 2, 4, 6, 8), n):
+            for k in range(1, 6):
+                for sizes in itertools.combinations_with_replacement((2, 4, 6), k):
+                    got = placement.fits_counts(Counter(free), sizes)
+                    assert got == (place(free, sizes) is not None), (free, sizes)
+
+
+def test_only_reserved_reads_every_reserved_rack_past_one_without_room() -> None:
+    """rack-big is full and reserved (a gang that no longer fits there): it takes no pod, and rack-small,
+    reserved for a 2x8 gang, is still named."""
+    full_big = capacity(*(bound_pod(f"b{i}", f"h100-big-{i}", 8) for i in (1, 2, 3, 4)))
+    nodes = group(INV.nodes, RACK, full_big)
+    big = Reservation("ml-research/batch.kubernetes.io/job-name=big", RACK, "rack-big", (8,))
+    assert placement.only_reserved(nodes, RACK, 8, (big, HELD), "ns/g") == ("rack-small",)
+
+
 def test_place_takes_the_node_with_least_room_that_fits_each_pod() -> None:
     # 6 on the 8 leaves 2, and the 2-GPU pod then takes that node, not the 3 (first fit would): 3 stays free
     assert place((3, 8), (6, 2)) == (0, 3)
