@@ -575,6 +575,7 @@ NOT_NATIVE: Mapping[str, str] = {
     "online-exclusive": "needs the node inventory (time-sliced and MPS nodes)",
     "training-rack": "needs the node inventory (topology levels) and the pod view (the domain that holds the gang)",
     "training-node-pack": "needs the node inventory (GPUs per node)",
+    "reserved-keep-off": "needs the pod view and the server's live reservations (GPUs promised to pinned gangs)",
     "inference-spread": "needs the node inventory (whether GPU nodes carry zones)",
     "inference-group": "needs the node inventory (the level that holds a group's GPUs)",
     "job-size": "counts the job's GPUs with our quantity grammar over every template (parallelism x per-pod "
