@@ -19,6 +19,10 @@ status. `apply_claim` counts them from a ResourceClaim list + watch, per claim o
 on (a claim shared by several pods holds its devices once); a pod with claims is kept even when it asks no
 device-plugin GPU, so its job's bound pods are known.
 
+A job whose pods wait unbound is told why, per pod event (`on_pending(job, why)`, `waiting`): the server's
+placement reservations end early for a gang that will not bind soon (webhook/reservations.py). Nothing is kept
+per pod for it: the reason is read from the object in `transform`, on the watch thread.
+
 Readers get an immutable `PodSnapshot`, built at most once per change of the view (on the first read after
 it), so a review never walks the pods. What a pod's GPUs and job are is the caller's to say (`read`): this
 layer knows no GPU resource names or job labels (those are policies/'s). A pod `read` cannot make sense
@@ -41,6 +45,12 @@ from cluster.reflector import Change, object_key
 
 TERMINATED = frozenset({"Succeeded", "Failed"})
 
+# Why an unbound GPU pod of a job is not bound yet (`waiting`; PodView tells `on_pending` on each event).
+GATED = "gated"  # spec.schedulingGates (or the PodScheduled reason SchedulingGated): a controller holds it back
+UNSCHEDULABLE = "unschedulable"  # PodScheduled=False, reason Unschedulable, no node nominated: no node takes it
+UNSCHEDULED = "unscheduled"  # no PodScheduled condition (or NotReadyForScheduling): no scheduler has tried it yet
+SCHEDULING = "scheduling"  # any other PodScheduled state, or a node nominated (preemption under way)
+
 
 @dataclass(frozen=True, slots=True)
 class PodEntry:
@@ -56,6 +66,31 @@ class PodEntry:
     def holding(self) -> bool:
         """Holds its GPUs on its node: bound and not terminated."""
         return bool(self.node) and self.phase not in TERMINATED
+
+
+def waiting(obj: Mapping[str, Any]) -> str:
+    """Why a pod the caller knows is unbound and not terminated waits (GATED, UNSCHEDULABLE, UNSCHEDULED or
+    SCHEDULING). Never raises: odd fields read as absent."""
+    spec = obj.get("spec")
+    if isinstance(spec, dict) and spec.get("schedulingGates"):
+        return GATED
+    status = obj.get("status")
+    status = status if isinstance(status, dict) else {}
+    if status.get("nominatedNodeName"):
+        return SCHEDULING  # the scheduler preempted for it: it binds once the victims are gone
+    conditions = status.get("conditions")
+    for c in conditions if isinstance(conditions, list) else ():
+        if isinstance(c, dict) and c.get("type") == "PodScheduled":
+            reason = c.get("reason")
+            if c.get("status") == "False" and reason == "Unschedulable":
+                return UNSCHEDULABLE
+            return _CONDITION_REASONS.get(reason, SCHEDULING) if isinstance(reason, str) else SCHEDULING
+    return UNSCHEDULED
+
+
+# PodScheduled reasons that say no scheduler has tried the pod yet (the API server sets SchedulingGated; a
+# scheduler's PreEnqueue rejection, KEP-5501, NotReadyForScheduling: e.g. a gang waiting for its members).
+_CONDITION_REASONS = {"SchedulingGated": GATED, "NotReadyForScheduling": UNSCHEDULED}
 
 
 # (pod object) -> (GPU units per resource, job id or None); raises ValueError/TypeError on garbage.
@@ -182,6 +217,7 @@ class PodView:
         on_bound: Callable[[str], None] | None = None,
         note: Noter | None = None,
         read_claim: ClaimReader | None = None,
+        on_pending: Callable[[str, str], None] | None = None,
     ) -> None:
         self._read = read
         self._note = note  # kept in each GPU pod's entry, for the listeners of the view's changes
@@ -189,6 +225,9 @@ class PodView:
         self._claims: dict[str, PodEntry] = {}
         # Told the job of every pod that starts holding its GPUs (bound), on the applying thread, unlocked.
         self._on_bound = on_bound
+        # Told (job, `waiting`'s reason) for every event of an unbound, not terminated GPU pod of a job, from
+        # `transform` (the object is at hand only there), on the applying thread, unlocked. Nothing is kept.
+        self._on_pending = on_pending
         self._lock = threading.Lock()
         self._entries: dict[str, PodEntry] = {}
         # Values are replaced, never edited; a snapshot reads them through views costing O(recent changes).
@@ -206,14 +245,19 @@ class PodView:
 
     def transform(self, obj: Any) -> PodEntry | None:
         """The pod Reflector's transform: a GPU pod's entry is all its cache keeps; None for a pod without
-        GPUs (never cached) and for garbage (counted; the Reflector then forgets the key, like a deletion)."""
+        GPUs (never cached) and for garbage (counted; the Reflector then forgets the key, like a deletion).
+        An unbound GPU pod of a job is told to `on_pending` with why it waits (`waiting`)."""
         try:
-            return entry(obj, self._read, self._note)
+            e = entry(obj, self._read, self._note)
         except (ValueError, TypeError, AttributeError):
             with self._lock:
                 self.skipped += 1
                 self._version += 1
             return None
+        tell = self._on_pending
+        if tell is not None and e is not None and e.job is not None and not e.node and e.phase not in TERMINATED:
+            tell(e.job, waiting(obj))
+        return e
 
     def apply(self, change: Change) -> None:
         """One change of a pod object, or of its entry (a Reflector with `transform`)."""
