@@ -364,13 +364,38 @@ def test_table_lines_never_exceed_the_width(recs: list[dict[str, Any]], width: i
 # -- summary ---------------------------------------------------------------------------------------------
 
 
+def test_summary_counts_excepted_rules_and_the_rule_filter_finds_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPUPolicyException's work is visible per rule: the object was let through (verdict warn, the
+    exception's warning), the rule it would have failed is counted as excepted, not as a denial."""
+    records = [
+        decision(0, minutes_ago=3, verdict="warn", rules=[("training-elastic-shrink", "excepted")]),
+        decision(1, minutes_ago=2, verdict="deny", rules=[("training-elastic-shrink", "deny")]),
+        decision(2, minutes_ago=1),
+    ]
+    with AuditLog(tmp_path / "audit.log") as log:
+        for r in records:
+            log.record(r)
+    assert main(["audit", str(tmp_path), "--summary", "-o", "json"]) == 0
+    s = orjson.loads(capsys.readouterr().out)
+    assert s["byRule"]["training-elastic-shrink"] == {"deny": 1, "warn": 0, "audit": 0, "error": 0, "excepted": 1}
+    assert main(["audit", str(tmp_path), "--summary"]) == 0
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if line.strip().startswith("RULE"))
+    row = next(line for line in text.splitlines() if line.strip().startswith("training-elastic-shrink"))
+    assert header.split() == ["RULE", "DENY", "WARN", "AUDIT", "ERROR", "EXCEPTED"]
+    assert row.split() == ["training-elastic-shrink", "1", "0", "0", "0", "1"]
+    assert uids(capsys, str(tmp_path), "--rule", "training-elastic-shrink") == ids(0, 1)
+
+
 def test_summary_json(logdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", str(logdir), "--summary", "-o", "json"]) == 0
     s = orjson.loads(capsys.readouterr().out)
     assert s["records"] == 12 and s["dryRun"] == 1
     assert s["verdicts"] == {"allow": 5, "warn": 2, "deny": 5}
-    assert s["byRule"]["training-same-rack"] == {"deny": 3, "warn": 0, "audit": 0, "error": 0}
-    assert s["byRule"]["training-queue-priority"] == {"deny": 0, "warn": 3, "audit": 0, "error": 0}
+    assert s["byRule"]["training-same-rack"] == {"deny": 3, "warn": 0, "audit": 0, "error": 0, "excepted": 0}
+    assert s["byRule"]["training-queue-priority"] == {"deny": 0, "warn": 3, "audit": 0, "error": 0, "excepted": 0}
     assert s["byRule"]["gpu-request-fits"]["audit"] == 1
     assert next(iter(s["byRule"])) == "training-same-rack"  # most denials first
     assert s["byNamespace"] == {
@@ -399,7 +424,7 @@ def test_summary_text(logdir: Path) -> None:
         assert f"\n{heading}" in out
     assert "  ml/PyTorchJob/bert" in out and "p50 6.00  p90 11.00  p99 100.00  max 100.00  (n=12)" in out
     rule_line = next(line for line in out.splitlines() if line.strip().startswith("training-same-rack"))
-    assert rule_line.split() == ["training-same-rack", "3", "0", "0", "0"]
+    assert rule_line.split() == ["training-same-rack", "3", "0", "0", "0", "0"]
     assert "50-100" in out and "#" in out
 
 

@@ -33,7 +33,9 @@ from webhook.cli import UsageError
 MAX_LINE = 4 * 2**20
 
 VERDICTS = ("allow", "warn", "deny")
-FIRED = ("deny", "warn", "audit", "error")  # rule outcomes that count as the rule firing
+FIRED = ("deny", "warn", "audit", "error", "excepted")  # rule outcomes that count as the rule firing
+# ("excepted": the rule would have fired, a GPUPolicyException let the object through; counted per rule so an
+# operator sees how much each exception carries)
 STDIN = "-"
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -55,7 +57,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("files", nargs="*", metavar="FILE|DIR|GLOB|-", help="audit logs to read (default: stdin if piped)")
     p.add_argument("--since", metavar="DURATION", help="only records newer than this, e.g. 15m, 2h, 1d")
     p.add_argument("--namespace", "-n", metavar="NS", help="only this namespace")
-    p.add_argument("--rule", metavar="ID", help="only records where this rule denied, warned, audited or erred")
+    p.add_argument(
+        "--rule", metavar="ID", help="only records where this rule denied, warned, audited, erred or was excepted"
+    )
     p.add_argument("--verdict", choices=VERDICTS, help="only this verdict")
     p.add_argument("--user", metavar="U", help="only requests by this user")
     p.add_argument("--kind", metavar="K", help="only this kind (case-insensitive)")
@@ -512,7 +516,7 @@ class Summary:
         out += ["", "By rule"]
         if rules:
             out += _columns(
-                ["RULE", "DENY", "WARN", "AUDIT", "ERROR"],
+                ["RULE", "DENY", "WARN", "AUDIT", "ERROR", "EXCEPTED"],
                 [[rule, *(str(c[o]) for o in FIRED)] for rule, c in rules],
             )
         else:
