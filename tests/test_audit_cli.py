@@ -389,6 +389,50 @@ def test_summary_counts_excepted_rules_and_the_rule_filter_finds_them(
     assert uids(capsys, str(tmp_path), "--rule", "training-elastic-shrink") == ids(0, 1)
 
 
+def outcome(i: int, group: str, rules: list[str], *, minutes_ago: float, ratio: float = 1.0) -> dict[str, Any]:
+    """A follow-up record as webhook.ledger.follow_up writes it (the fields the summary reads)."""
+    return {
+        "time": format_time(time.time() - minutes_ago * 60),
+        "uid": f"job-{i}",
+        "admissionUid": None if not rules else f"uid-{i}",
+        "record": "outcome",
+        "namespace": group.split("/", 1)[0],
+        "group": group,
+        "outcome": "one-domain",
+        "rules": rules,
+        "commRatio": ratio,
+    }
+
+
+def test_summary_joins_follow_ups_of_the_other_replica_to_its_decisions_by_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two replicas: A admitted job `train` (training-node-pack applied), B is the elected ledger and wrote
+    the follow-up with no rules; read together, the outcome counts under A's rules. The decision kept is the
+    ledger's (the first that allowed, unless a later one denied); a group no log decided stays `(none)`."""
+    group = "ml/batch.kubernetes.io/job-name=train"
+    a = [
+        {**decision(0, minutes_ago=9, rules=[("training-queue-priority", "warn")]), "group": group},
+        {**decision(1, minutes_ago=8), "group": group, "mutations": ["training-node-pack"]},
+        {**decision(2, minutes_ago=7, dry_run=True, verdict="deny", rules=[("gpu-request-fits", "deny")]),
+         "group": group},
+    ]  # fmt: skip
+    b = [outcome(3, group, [], minutes_ago=1, ratio=1.5), outcome(4, "ml/Job/other", [], minutes_ago=1)]
+    for name, records in (("a.log", a), ("b.log", b)):
+        with AuditLog(tmp_path / name) as log:
+            for r in records:
+                log.record(r)
+    assert main(["audit", str(tmp_path / "b.log"), str(tmp_path / "a.log"), "--summary", "-o", "json"]) == 0
+    by_rule = orjson.loads(capsys.readouterr().out)["outcomes"]["byRule"]
+    assert set(by_rule) == {"training-queue-priority", "(none)"}
+    assert (
+        by_rule["training-queue-priority"]["jobs"] == 1 and by_rule["training-queue-priority"]["commRatioMean"] == 1.5
+    )
+    assert by_rule["(none)"]["jobs"] == 1
+    assert main(["audit", str(tmp_path / "b.log"), "--summary", "-o", "json"]) == 0  # B's log alone: no join
+    assert set(orjson.loads(capsys.readouterr().out)["outcomes"]["byRule"]) == {"(none)"}
+
+
 def test_summary_json(logdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", str(logdir), "--summary", "-o", "json"]) == 0
     s = orjson.loads(capsys.readouterr().out)

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import orjson
 
-from policies.ledger import BOUND_OUTCOMES, OUTCOMES
+from policies.ledger import BOUND_OUTCOMES, OUTCOMES, Admission, merge_admission
 from policies.limits import json_too_deep
 from webhook.audit import ROTATED_SUFFIX, format_time, is_stale, parse_time
 from webhook.cli import UsageError
@@ -33,9 +33,10 @@ from webhook.cli import UsageError
 MAX_LINE = 4 * 2**20
 
 VERDICTS = ("allow", "warn", "deny")
-FIRED = ("deny", "warn", "audit", "error", "excepted")  # rule outcomes that count as the rule firing
-# ("excepted": the rule would have fired, a GPUPolicyException let the object through; counted per rule so an
-# operator sees how much each exception carries)
+# Rule outcomes that count as the rule firing. "excepted": the rule would have fired and a GPUPolicyException
+# let the object through; counted per rule so an operator sees how much each exception carries.
+FIRED = ("deny", "warn", "audit", "error", "excepted")
+LEDGER_FIRED = FIRED[:4]  # what the ledger keeps of a decision as fired (webhook/app.py `_admission`)
 STDIN = "-"
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -419,6 +420,7 @@ class Summary:
             self.outcomes.add(rec)
             return
         verdict = rec["verdict"]
+        self.outcomes.decided(when, rec)
         self.count += 1
         self.dry_run += rec.get("dryRun") is True
         self.first = when if self.first is None else min(self.first, when)
@@ -480,6 +482,7 @@ class Summary:
         }
 
     def to_json(self) -> dict[str, Any]:
+        self.outcomes.resolve()
         buckets, _ = self._bucket_rows()
         return {
             "records": self.count,
@@ -502,6 +505,7 @@ class Summary:
         return sorted(self.denied.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
 
     def render(self) -> str:
+        self.outcomes.resolve()
         out: list[str] = []
         first, last = self.first, self.last
         assert first is not None and last is not None
@@ -583,6 +587,8 @@ class Outcomes:
         self.by_outcome: Counter[str] = Counter()
         self.by_rule: dict[str, list[float]] = {}  # [jobs, denied, bound, ratio sum, ratios]
         self.by_namespace: dict[str, list[float]] = {}
+        self._unjoined: list[tuple[str, str, float | None]] = []  # (group, outcome, comm ratio)
+        self._decisions: dict[str, list[tuple[datetime, str, tuple[str, ...]]]] = {}
 
     def add(self, rec: dict[str, Any]) -> None:
         outcome = str(rec["outcome"])
@@ -590,9 +596,33 @@ class Outcomes:
         ratio = float(ratio) if isinstance(ratio, int | float) and not isinstance(ratio, bool) else None
         self.jobs += 1
         self.by_outcome[outcome] += 1
-        for rule in _rule_ids(rec) or ["(none)"]:
-            _tally(self.by_rule.setdefault(rule, [0.0] * 5), outcome, ratio)
+        rules = _rule_ids(rec)
+        group = rec.get("group")
+        if not rules and isinstance(group, str) and group:
+            # Written by the elected replica for a job the other replica admitted: its rules are in that
+            # replica's decision records, joined by group once every log is read (`resolve`).
+            self._unjoined.append((group, outcome, ratio))
+        else:
+            self._tally_rules(rules, outcome, ratio)
         _tally(self.by_namespace.setdefault(_cell(rec.get("namespace")) or "(cluster)", [0.0] * 5), outcome, ratio)
+
+    def decided(self, when: datetime, rec: dict[str, Any]) -> None:
+        """A decision record: kept per group, for the follow-ups that name no rules."""
+        group = rec.get("group")
+        if isinstance(group, str) and group and not rec.get("dryRun"):
+            self._decisions.setdefault(group, []).append((when, str(rec["verdict"]), _ledger_rules(rec)))
+
+    def resolve(self) -> None:
+        """Count the follow-ups without rules under the rules of the decision the ledger keeps for their group
+        (policies.ledger.merge_admission over the group's decisions in time order); `(none)` when no log read
+        has a decision of that group."""
+        for group, outcome, ratio in self._unjoined:
+            self._tally_rules(_kept_rules(self._decisions.get(group, [])), outcome, ratio)
+        self._unjoined.clear()
+
+    def _tally_rules(self, rules: list[str], outcome: str, ratio: float | None) -> None:
+        for rule in rules or ["(none)"]:
+            _tally(self.by_rule.setdefault(rule, [0.0] * 5), outcome, ratio)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -616,6 +646,25 @@ class Outcomes:
                 rows.append([key, str(st["jobs"]), str(st["denied"]), str(st["bound"]), rate, ratio])
             out += ["", *_columns([title, "JOBS", "DENIED", "BOUND", "SUCCESS", "COMM×"], rows)]
         return out
+
+
+def _ledger_rules(rec: dict[str, Any]) -> tuple[str, ...]:
+    """What the ledger keeps of a decision's rules (webhook/app.py `_admission`): the rules that fired, then
+    the mutations applied."""
+    rules, mutations = rec.get("rules"), rec.get("mutations")
+    named: list[Any] = []
+    if isinstance(rules, list):
+        named += [r.get("rule") for r in rules if isinstance(r, dict) and r.get("outcome") in LEDGER_FIRED]
+    if isinstance(mutations, list):
+        named += mutations
+    return tuple(dict.fromkeys(x for x in named if isinstance(x, str)))
+
+
+def _kept_rules(decisions: list[tuple[datetime, str, tuple[str, ...]]]) -> list[str]:
+    kept: Admission | None = None
+    for when, verdict, rules in sorted(decisions, key=lambda d: d[0]):
+        kept = merge_admission(kept, Admission("", when.timestamp(), verdict, rules, ""))
+    return list(kept.rules) if kept is not None else []
 
 
 def _tally(acc: list[float], outcome: str, ratio: float | None) -> None:
