@@ -19,7 +19,7 @@ from policies.exceptions import Exemption
 from policies.inventory import Inventory
 from policies.mutations import MUTATIONS, later_pods_reservation
 from policies.native import COVERED_KINDS as NATIVE_KINDS
-from policies.native import cel_asks_gpu, native_mutations
+from policies.native import EXCEPTED_ANNOTATION, NATIVE_RULES, cel_asks_gpu, native_mutations
 from policies.patch import JsonOp, diff
 from policies.resources import NVIDIA_PREFIX
 from policies.rules import RULES
@@ -219,7 +219,9 @@ def review(
             continue
         action = _cap(policy.rules.get(rule.id, "enforce"), mode)
         if rule.id in ctx.native and kind in NATIVE_KINDS:  # a ValidatingAdmissionPolicy judges it there
-            results.append(RuleResult(rule.id, action, "native"))
+            live = _exemption(rule.id, obj, ctx)[0]
+            skip = f"excepted by {live.ref} until {live.until_text}: the API server's policy skips it" if live else ""
+            results.append(RuleResult(rule.id, action, "native", skip))
             continue
         if action == "off":
             results.append(_plain(rule.id, action, "skip"))
@@ -262,9 +264,10 @@ def review(
         for pod in subject.pods:
             if pod.template.fold is not None:
                 pod.template.fold(pod.template.pod)  # views (policies/podviews.py) write back into the object
+    marked = mutate and only is None and _mark_native_exceptions(work, kind, ctx)
     # Mutations report every change, so with none applied there is nothing to diff (the common case for
     # pods of an already-mutated template).
-    patch = tuple(diff(obj, work)) if mutate and applied and work is not obj else ()
+    patch = tuple(diff(obj, work)) if mutate and (applied or marked) and work is not obj else ()
     if only is not None:
         work = obj
     allowed = not denials and not failed_closed
@@ -283,6 +286,30 @@ def review(
         excepted=tuple(excepted),
         expired=tuple(expired),
     )
+
+
+def _mark_native_exceptions(work: Json, kind: str, ctx: ReviewContext) -> bool:
+    """Under `serve --native`, write on the object the native rules a live exception lets it skip in the
+    API server's policies (native.EXCEPTED_ANNOTATION), and remove any other value: the policies trust it only
+    because every object they judge passes here first. True when the object changed."""
+    if not ctx.native:
+        return False
+    rules = ctx.native & NATIVE_RULES
+    meta = work.get("metadata")
+    if not rules or kind not in NATIVE_KINDS or not isinstance(meta, dict):
+        return False
+    value = ",".join(r for r in sorted(rules) if _exemption(r, work, ctx)[0] is not None)
+    annotations = meta.get("annotations")
+    current = annotations.get(EXCEPTED_ANNOTATION) if isinstance(annotations, dict) else None
+    if (current or "") == value and (current is None) == (not value):
+        return False
+    if value:
+        if not isinstance(annotations, dict):
+            annotations = meta["annotations"] = {}
+        annotations[EXCEPTED_ANNOTATION] = value
+    elif isinstance(annotations, dict):
+        del annotations[EXCEPTED_ANNOTATION]
+    return True
 
 
 def _exemption(rule_id: str, obj: Json, ctx: ReviewContext) -> tuple[Exemption | None, Exemption | None]:

@@ -308,6 +308,14 @@ def _topology_keys() -> NativeRule:
 NATIVE: tuple[NativeRule, ...] = (_queue_priority(), _elastic_shrink(), _topology_keys())
 NATIVE_RULES = frozenset(r.id for r in NATIVE)
 
+# GPUPolicyExceptions for native rules. A ValidatingAdmissionPolicy cannot read them (a parameter resource is
+# evaluated one at a time, every one must pass: the opposite of "any live exception lets it through"), so the
+# webhook's mutating call, which reads them, writes the native rules a live exception lets this object skip
+# here, comma-separated, and each policy skips its rule when named. The webhook sets or removes the annotation
+# on every object it reviews under `serve --native`, so a value a user wrote never reaches the policies
+# (docs/policy.md, "Native policies": what that relies on).
+EXCEPTED_ANNOTATION = f"{PREFIX}native-excepted"
+
 # --- mutations: MutatingAdmissionPolicies (JSONPatch) ------------------------------------------------------
 
 MAP_MUTATIONS = ("gpu-toleration", "scheduler-queue")  # the registry ids that need no inventory or pod view
@@ -651,6 +659,12 @@ def _match_conditions() -> list[Json]:
     ]
 
 
+def not_excepted(rule_id: str) -> Json:
+    """The matchCondition that skips a rule the webhook marked as excepted (EXCEPTED_ANNOTATION)."""
+    marked = _meta("object", "annotations", EXCEPTED_ANNOTATION) + f".matches({_q('(^|,)' + rule_id + '(,|$)')})"
+    return {"name": "not-excepted", "expression": f"!{marked}"}
+
+
 def _vap(rule: NativeRule, policy: Policy) -> Json:
     return {
         "apiVersion": API,
@@ -667,7 +681,7 @@ def _vap(rule: NativeRule, policy: Policy) -> Json:
         "spec": {
             "failurePolicy": "Fail" if policy.failure_mode == "closed" else "Ignore",
             "matchConstraints": {"resourceRules": _resource_rules()},
-            "matchConditions": _match_conditions(),
+            "matchConditions": [*_match_conditions(), not_excepted(rule.id)],
             "variables": _variables(),
             "validations": [{"expression": rule.validation, "messageExpression": rule.message, "reason": "Forbidden"}],
         },
@@ -734,6 +748,7 @@ def report(policy: Policy, mutations: bool = True) -> list[tuple[str, str]]:
 
 
 __all__ = [
+    "EXCEPTED_ANNOTATION",
     "MAP_MUTATIONS",
     "NATIVE",
     "NATIVE_RULES",

@@ -4,7 +4,9 @@ Whether the API server accepts them and judges like the webhook is tests/e2e/tes
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ from policies import native
 from policies.document import RULE_IDS, default_policy
 from policies.engine import ReviewContext, review
 from tests.test_golden import CASES, inventory_for, load_case, policy_for
+from webhook import suite
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAY = ROOT / "deploy" / "overlays" / "native"
@@ -390,3 +393,90 @@ def test_the_engine_skips_native_mutations_only_on_the_pods_the_policies_see() -
         assert "gpu-toleration" in review(job, policy=policy, inventory=inv, ctx=skip).mutations
     finally:
         engine.NATIVE_KINDS = original
+
+
+# --- exceptions for native rules: the webhook marks, the policies skip ------------------------------------
+
+
+def _native_review(case_id: str, obj: dict[str, Any] | None = None, *, native_rules: frozenset[str] | None = None,
+                   mutate: bool = True) -> Any:  # fmt: skip
+    """A golden case reviewed as `serve --native` does (its exceptions, its clock)."""
+    case = _case(case_id)
+    obj = copy.deepcopy(case["input"] if obj is None else obj)
+    excs, now = suite.exceptions_for(case, obj)
+    policy = policy_for(case.get("policy"))
+    ctx = ReviewContext(exceptions=excs, now=now, native=native.NATIVE_RULES if native_rules is None else native_rules)
+    return review(obj, policy=policy, inventory=inventory_for("examples/cluster/nodes.yaml", policy), ctx=ctx,
+                  mutate=mutate, validate=not mutate)  # fmt: skip
+
+
+def _marked(r: Any) -> str | None:
+    return ((r.object.get("metadata") or {}).get("annotations") or {}).get(native.EXCEPTED_ANNOTATION)
+
+
+def test_the_webhook_marks_the_native_rules_a_live_exception_lets_the_object_skip() -> None:
+    r = _native_review("exceptions/named-workload-excepted-from-one-rule")
+    assert r.allowed and _marked(r) == "training-elastic-shrink"
+    ptr = "/metadata/annotations/" + native.EXCEPTED_ANNOTATION.replace("/", "~1")
+    assert {"op": "add", "path": ptr, "value": "training-elastic-shrink"} in [dict(op) for op in r.patch] or any(
+        op.get("path") == "/metadata/annotations" and native.EXCEPTED_ANNOTATION in op.get("value", {})
+        for op in map(dict, r.patch)
+    )
+    # The validating call leaves the rule to the policy and says why it will pass there.
+    v = _native_review("exceptions/named-workload-excepted-from-one-rule", r.object, mutate=False)
+    result = {x.rule: x for x in v.results}["training-elastic-shrink"]
+    assert result.outcome == "native" and "excepted by ml-research/dpo-elastic-trial" in result.message
+
+
+def test_no_mark_for_other_workloads_expired_exceptions_or_rules_left_in_the_webhook() -> None:
+    for case_id in ("exceptions/other-workload-not-excepted", "exceptions/expired-ignored-and-reported",
+                    "exceptions/other-namespace-not-excepted"):  # fmt: skip
+        assert _marked(_native_review(case_id)) is None, case_id
+    # Without --native the webhook judges the rule itself and writes nothing.
+    assert _marked(_native_review("exceptions/named-workload-excepted-from-one-rule", native_rules=frozenset())) is None
+    # A native run that leaves this rule in the webhook (a policy with only the other two native) writes nothing.
+    others = native.NATIVE_RULES - {"training-elastic-shrink"}
+    assert _marked(_native_review("exceptions/named-workload-excepted-from-one-rule", native_rules=others)) is None
+
+
+def test_a_mark_the_user_wrote_is_replaced_or_removed() -> None:
+    """The policies trust the annotation only because the webhook rewrites it on every object it reviews."""
+    base = _case("exceptions/other-workload-not-excepted")["input"]
+    forged = copy.deepcopy(base)
+    forged["metadata"].setdefault("annotations", {})[native.EXCEPTED_ANNOTATION] = ",".join(sorted(native.NATIVE_RULES))
+    r = _native_review("exceptions/other-workload-not-excepted", forged)
+    assert _marked(r) is None
+    assert {"op": "remove", "path": "/metadata/annotations/" + native.EXCEPTED_ANNOTATION.replace("/", "~1")} in [
+        dict(op) for op in r.patch
+    ]
+    excepted = copy.deepcopy(_case("exceptions/named-workload-excepted-from-one-rule")["input"])
+    excepted["metadata"].setdefault("annotations", {})[native.EXCEPTED_ANNOTATION] = "scheduler-topology-keys"
+    assert _marked(_native_review("exceptions/named-workload-excepted-from-one-rule", excepted)) == (
+        "training-elastic-shrink"
+    )
+    empty = copy.deepcopy(base)
+    empty["metadata"].setdefault("annotations", {})[native.EXCEPTED_ANNOTATION] = ""
+    assert _marked(_native_review("exceptions/other-workload-not-excepted", empty)) is None
+
+
+def test_an_object_already_marked_right_gets_no_patch_for_it() -> None:
+    first = _native_review("exceptions/named-workload-excepted-from-one-rule")
+    again = _native_review("exceptions/named-workload-excepted-from-one-rule", first.object)
+    assert _marked(again) == "training-elastic-shrink"
+    assert not any(native.EXCEPTED_ANNOTATION.replace("/", "~1") in dict(op).get("path", "") for op in again.patch)
+
+
+def test_each_policy_skips_only_its_own_rule_when_marked() -> None:
+    """The generated condition, read as the API server reads it (its CEL is checked by the e2e tests: celpy has
+    no optional fields): one condition per policy, naming its own rule, matched as a whole item of the list."""
+    for obj in native.generate(policy_for(None)):
+        if obj["kind"] != "ValidatingAdmissionPolicy":
+            continue
+        rule = obj["metadata"]["annotations"]["gpu-admission.io/rule"]
+        [cond] = [c for c in obj["spec"]["matchConditions"] if c["name"] == "not-excepted"]
+        assert cond == native.not_excepted(rule)
+        pattern = re.search(r"\.matches\('(.*)'\)$", cond["expression"])
+        assert pattern and native.EXCEPTED_ANNOTATION in cond["expression"] and cond["expression"].startswith("!")
+        rx = re.compile(pattern.group(1))
+        assert rx.search(rule) and rx.search(f"a,{rule}") and rx.search(f"{rule},b") and rx.search(f"a,{rule},b")
+        assert not rx.search(f"{rule}-x") and not rx.search(f"x{rule}") and not rx.search("")

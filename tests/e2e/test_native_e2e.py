@@ -16,6 +16,7 @@ and checks the native rule is judged once, by the API server.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 import re
@@ -30,7 +31,7 @@ import yaml
 
 from policies import native
 from policies.document import Policy
-from policies.engine import Review
+from policies.engine import Review, review
 from policies.userkeys import ENFORCEMENT
 from policies.workloads import effective_kind
 from tests import test_golden as golden
@@ -184,8 +185,7 @@ def test_native_and_webhook_agree_on_every_golden_case_they_cover(
             skipped[golden.case_id(path)] = "kind not matched by the native policies"
             continue
         if _excepts_native(case):
-            excepted.append(golden.case_id(path))  # a known limit (docs/policy.md): policies read no exception
-            continue
+            excepted.append(golden.case_id(path))  # compared as the webhook's mutating call marks them
         policy = golden.policy_for(case.get("policy"))
         groups.setdefault(_policy_key(policy), []).append((golden.case_id(path), case))
 
@@ -196,10 +196,14 @@ def test_native_and_webhook_agree_on_every_golden_case_they_cover(
         apply_native(cp, policy)
         time.sleep(2.0)  # the API server's policy informers pick the objects up asynchronously
         for cid, case in cases:
-            r, *_ = golden.run_case(case, copy.deepcopy(case["input"]))
+            r, _, inv, ctx = golden.run_case(case, copy.deepcopy(case["input"]))
             want_denied, want_warned = native_outcomes(r)
             ns = namespace_for(case.get("namespaceLabels"))
-            obj = creatable(r.object, ns)
+            # What reaches the policies under `serve --native`: the webhook's mutating call writes the native
+            # rules a live GPUPolicyException lets the object skip (native.EXCEPTED_ANNOTATION).
+            marked = review(copy.deepcopy(r.object), policy=policy, inventory=inv, mutate=True, validate=False,
+                            ctx=dataclasses.replace(ctx, native=native.NATIVE_RULES)).object  # fmt: skip
+            obj = creatable(marked, ns)
             got_denied, got_warned, other = _settled(cp, ns, obj, want_denied, want_warned)
             if other:
                 refused.append(f"{cid}: {other.splitlines()[-1][:200]}")
@@ -212,17 +216,18 @@ def test_native_and_webhook_agree_on_every_golden_case_they_cover(
                                   f"native denied {got_denied} warned {sorted(got_warned)}")  # fmt: skip
     print(f"\nnative vs webhook: {compared} golden cases compared, {len(refused)} refused by the API server's own "
           f"validation, {len(skipped)} not covered, {len(excepted)} with a GPUPolicyException for a native rule "
-          f"(not read by the policies); native rules denied in {shown['deny']}, warned in {shown['warn']}")  # fmt: skip
+          f"(marked by the webhook); native rules denied in {shown['deny']}, warned in {shown['warn']}")  # fmt: skip
     for line in refused:
         print("  refused:", line)
     assert not mismatches, "\n".join(mismatches)
     # The comparison is not vacuous: most cases reach the API server's policies, and they deny and warn.
     assert compared >= 180 and shown["deny"] >= 7 and shown["warn"] >= 12, (compared, shown)
+    assert len(excepted) >= 8 and not set(excepted) & {x.split(":")[0] for x in refused}, excepted
 
 
 def _excepts_native(case: dict[str, Any]) -> bool:
-    """The case carries a GPUPolicyException naming a native rule: the API server's policies cannot read
-    exceptions, so there the rule still applies (docs/policy.md, "Native policies")."""
+    """The case carries a GPUPolicyException naming a native rule: the policies cannot read exceptions, they
+    read the webhook's mark of them (docs/policy.md, "Native policies")."""
     for e in case.get("exceptions") or []:
         rules = ((e or {}).get("spec") or {}).get("rules") or []
         if isinstance(rules, list) and native.NATIVE_RULES & set(map(str, rules)):
@@ -290,6 +295,49 @@ def test_overlay_judges_native_rules_once_in_the_api_server(
         wh.close()
         cp.kubectl("delete", "validatingadmissionpolicybindings,validatingadmissionpolicies", "-l",
                    "app.kubernetes.io/component=native-policy", check=False)  # fmt: skip
+
+
+def test_overlay_honours_an_exception_for_a_native_rule_and_no_forged_mark(
+    control_plane: ControlPlane, crds_installed: None, namespace: str
+) -> None:
+    """A live GPUPolicyException for training-elastic-shrink lets its named PyTorchJob through the API server's
+    policy (the webhook's mutating call marks it); another elastic job that carries the mark itself, with no
+    exception, is denied there: the webhook removed the mark before the policy read it."""
+    from tests.e2e.test_exceptions_e2e import elastic_job, exception
+
+    cp = control_plane
+    _install_exception_crd(cp)
+    apply_native(cp, golden.policy_for(None))
+    cp.kubectl("apply", "-n", namespace, "-f", "-", input=exception(namespace, workloads={"names": ["dpo"]}))
+    wh = Webhook(cp, "--native")
+    try:
+        excepted = creatable(elastic_job("dpo"), namespace)
+        forged = creatable(elastic_job("other"), namespace)
+        forged["metadata"]["annotations"] = {native.EXCEPTED_ANNOTATION: "training-elastic-shrink"}
+        deadline = time.monotonic() + 20  # the server's exception watch and the bindings settle
+        while True:
+            got_excepted, got_forged = judged(cp, namespace, excepted), judged(cp, namespace, forged)
+            if (not got_excepted[0] and got_forged[0]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert got_excepted[0] == {} and not got_excepted[2], got_excepted
+        assert list(got_forged[0]) == ["training-elastic-shrink"], got_forged
+        p = cp.kubectl("create", "--dry-run=server", "-n", namespace, "-o", "json", "-f", "-", input=excepted)
+        annotations = json.loads(p.stdout)["metadata"].get("annotations") or {}
+        assert annotations.get(native.EXCEPTED_ANNOTATION) == "training-elastic-shrink", annotations
+    finally:
+        wh.close()
+        cp.kubectl("delete", "gpupolicyexceptions", "--all", "-n", namespace, check=False)
+        cp.kubectl("delete", NATIVE_KINDS, "-l", "app.kubernetes.io/component=native-policy", check=False)
+
+
+def _install_exception_crd(cp: ControlPlane) -> None:
+    """The GPUPolicyException CRD from deploy/, before the server starts (its watch finds the resource at once)."""
+    from tests.e2e.webhook import render
+
+    [crd] = [d for d in render(cp) if d["kind"] == "CustomResourceDefinition"]
+    cp.kubectl("apply", "-f", "-", input=crd)
+    cp.kubectl("wait", "--for=condition=Established", "crd/gpupolicyexceptions.gpu-admission.io", "--timeout=60s")
 
 
 # --- mutations: MutatingAdmissionPolicies beside the webhook --------------------------------------------------
