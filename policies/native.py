@@ -18,7 +18,7 @@ from typing import Any
 from policies.classify import BATCH_KINDS, INFERENCE_KINDS, TRAINING_KINDS
 from policies.document import Policy
 from policies.mutations import QUEUE_ANNOTATIONS, QUEUE_LABELS
-from policies.userkeys import CLASSES, ENFORCEMENT, PREFIX, WORKLOAD
+from policies.userkeys import CLASSES, ENFORCEMENT, NATIVE_EXCEPTED, PREFIX, WORKLOAD
 from policies.workloads import KUBEFLOW_REPLICA_SPECS
 
 Json = dict[str, Any]
@@ -314,7 +314,7 @@ NATIVE_RULES = frozenset(r.id for r in NATIVE)
 # here, comma-separated, and each policy skips its rule when named. The webhook sets or removes the annotation
 # on every object it reviews under `serve --native`, so a value a user wrote never reaches the policies
 # (docs/policy.md, "Native policies": what that relies on).
-EXCEPTED_ANNOTATION = f"{PREFIX}native-excepted"
+EXCEPTED_ANNOTATION = NATIVE_EXCEPTED
 
 # --- mutations: MutatingAdmissionPolicies (JSONPatch) ------------------------------------------------------
 

@@ -22,6 +22,9 @@ JOB_GPUS = PREFIX + "job-gpus"
 # a labelled Deployment...); users may set it on bare pods too (the training-same-rack fix message says so).
 JOB = PREFIX + "job"
 ENFORCEMENT = PREFIX + "enforcement"
+# Written by the webhook itself under `serve --native` (policies/native.py EXCEPTED_ANNOTATION), never by users:
+# not a user key, so not read here and not "unknown" (whatever a user writes there the webhook replaces).
+NATIVE_EXCEPTED = PREFIX + "native-excepted"
 
 CLASSES = ("training", "inference", "batch")
 LATENCIES = ("online", "offline")
@@ -54,7 +57,7 @@ def read(*objects: Any, where: tuple[str, ...] = ()) -> UserKeys:
         place = f" on {where[i]}" if i < len(where) and where[i] else ""
         for kind, keys, other in (("label", LABEL_KEYS, ANNOTATION_KEYS), ("annotation", ANNOTATION_KEYS, LABEL_KEYS)):
             for key, raw in _meta(obj, kind + "s").items():
-                if not isinstance(key, str) or not key.startswith(PREFIX):
+                if not isinstance(key, str) or not key.startswith(PREFIX) or key == NATIVE_EXCEPTED:
                     continue
                 if key not in keys:
                     if key in other:

@@ -426,6 +426,9 @@ def test_the_webhook_marks_the_native_rules_a_live_exception_lets_the_object_ski
     v = _native_review("exceptions/named-workload-excepted-from-one-rule", r.object, mutate=False)
     result = {x.rule: x for x in v.results}["training-elastic-shrink"]
     assert result.outcome == "native" and "excepted by ml-research/dpo-elastic-trial" in result.message
+    # The mark is the webhook's own key, not a user's: never an "unknown annotation" (gpu-admission-annotations).
+    assert v.allowed, v.denials
+    assert {x.rule: x.outcome for x in v.results}["gpu-admission-annotations"] == "pass"
 
 
 def test_no_mark_for_other_workloads_expired_exceptions_or_rules_left_in_the_webhook() -> None:
