@@ -17,12 +17,12 @@ from policies import dra, placement, userkeys
 from policies.document import Policy
 from policies.exceptions import Exemption
 from policies.inventory import Inventory
-from policies.mutations import MUTATIONS, later_pods_reservation
+from policies.mutations import MUTATIONS, Mutation, later_pods_reservation
 from policies.native import COVERED_KINDS as NATIVE_KINDS
 from policies.native import EXCEPTED_ANNOTATION, NATIVE_RULES, cel_asks_gpu, native_mutations
 from policies.patch import JsonOp, diff
 from policies.resources import NVIDIA_PREFIX
-from policies.rules import RULES
+from policies.rules import RULES, Rule
 from policies.subject import ReviewContext, Subject, build
 from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, containers, effective_kind, templates
 
@@ -108,29 +108,133 @@ def _cap(action: str, mode: str) -> str:
     return action if _RANK[action] <= _RANK[mode] else mode
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a policy asks of every review in one enforcement mode, worked out once: the mutations it turns
+    on, and each rule with its action capped by the mode and its message-less results. Built from the
+    registries it names (tests swap them), kept per policy object (equal hashes may differ: tests replace
+    fields)."""
+
+    policy: Policy
+    mode: str
+    mutations_from: tuple[Mutation, ...]
+    rules_from: tuple[Rule, ...]
+    mutations: tuple[tuple[Mutation, RuleResult, RuleResult], ...]  # with its applied and native results
+    rules: tuple[tuple[Rule, str, RuleResult, RuleResult], ...]  # with its action, pass and skip results
+
+
+_PLANS: dict[tuple[int, str], _Plan] = {}
+_PLANS_LIMIT = 64  # policies x modes; a server holds one policy at a time, tests a few dozen
+
+
+def _plan(policy: Policy, mode: str) -> _Plan:
+    found = _PLANS.get((id(policy), mode))
+    if found is not None and found.policy is policy and found.mutations_from is MUTATIONS and found.rules_from is RULES:
+        return found
+    mutations = tuple(
+        (m, _plain(m.id, "mutate", "applied"), _plain(m.id, "mutate", "native"))
+        for m in MUTATIONS
+        if policy.mutations.get(m.id, False)
+    )
+    rules = []
+    for rule in RULES:
+        action = _cap(policy.rules.get(rule.id, "enforce"), mode)
+        rules.append((rule, action, _plain(rule.id, action, "pass"), _plain(rule.id, action, "skip")))
+    plan = _Plan(policy, mode, MUTATIONS, RULES, mutations, tuple(rules))
+    if len(_PLANS) >= _PLANS_LIMIT:
+        _PLANS.clear()
+    _PLANS[(id(policy), mode)] = plan  # the plan holds the policy: its id is not reused while the entry lives
+    return plan
+
+
 def short(text: str, limit: int = WARNING_LIMIT) -> str:
     text = " ".join(text.split())  # the API server drops warnings with control characters
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# Pod-spec fields no mutation edits (each writes affinity, tolerations, scheduler fields, labels, annotations
+# or a container's resources): shared with the input instead of copied, like metadata.managedFields. On a
+# controller-made pod they are most of the bytes left (env alone ~1 KB on a training worker).
+# tests/test_engine_cache.py checks on every golden case that no mutation reaches into them.
+_SHARED_CONTAINER_KEYS = frozenset(
+    {"env", "envFrom", "volumeMounts", "volumeDevices", "command", "args", "ports"}
+    | {"livenessProbe", "readinessProbe", "startupProbe", "lifecycle"}
+)
+_CONTAINER_LISTS = ("initContainers", "containers")
+
+
 def _copy(obj: Json) -> Json:
-    """A deep copy for the mutations to edit. `metadata.managedFields` is shared, not copied: no mutation
-    touches it, and on a controller-made pod it is half the bytes (decoding it was ~10 µs of the 100 µs
-    budget). The diff sees the shared list as equal, so the patch never mentions it."""
-    meta = obj.get("metadata")
-    managed = meta.get("managedFields") if isinstance(meta, dict) else None
-    if managed is not None:
-        assert isinstance(meta, dict)
-        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    """A deep copy for the mutations to edit, except what no mutation touches: `metadata.managedFields` (on a
+    controller-made pod half the bytes; decoding it was ~10 µs of the 100 µs budget) and, on a Pod, the
+    container fields above and the volumes. They are shared with the input: the diff sees them as equal, so
+    the patch never names them. Placeholders hold their places, so every mapping keeps its key order."""
+    bare = _without_shared(obj)
     try:
-        out: Json = orjson.loads(orjson.dumps(obj))  # several times faster than deepcopy for JSON
+        out: Json = orjson.loads(orjson.dumps(bare))  # several times faster than deepcopy for JSON
     except (TypeError, orjson.JSONEncodeError):
-        out = copy.deepcopy(obj)  # big integers or non-str keys: slower but exact
-    if managed is not None:
-        assert isinstance(meta, dict)
-        copied = out["metadata"]
-        out["metadata"] = {k: managed if k == "managedFields" else copied[k] for k in meta}  # same key order
+        out = copy.deepcopy(bare)  # big integers or non-str keys: slower but exact
+    if bare is not obj:
+        _put_back(out, obj)
     return out
+
+
+def _pod_spec(obj: Json) -> Json | None:
+    spec = obj.get("spec") if obj.get("kind") == "Pod" else None
+    return spec if isinstance(spec, dict) else None
+
+
+def _without_shared(obj: Json) -> Json:
+    """`obj` with None in place of the shared values (shallow copies on the way to them; `obj` itself when
+    it has none)."""
+    meta = obj.get("metadata")
+    managed = isinstance(meta, dict) and meta.get("managedFields") is not None
+    spec = _pod_spec(obj)
+    if not managed and spec is None:
+        return obj
+    out = dict(obj)
+    if managed:
+        out["metadata"] = bare_meta = dict(meta)  # type: ignore[arg-type]
+        bare_meta["managedFields"] = None
+    if spec is not None:
+        bare = dict(spec)
+        if "volumes" in bare:
+            bare["volumes"] = None
+        for key in _CONTAINER_LISTS:
+            items = bare.get(key)
+            if isinstance(items, list):
+                bare[key] = [_bare_container(c) for c in items]
+        out["spec"] = bare
+    return out
+
+
+def _bare_container(c: Any) -> Any:
+    shared = _SHARED_CONTAINER_KEYS.intersection(c) if isinstance(c, dict) else ()
+    if not shared:
+        return c
+    out = dict(c)
+    for key in shared:
+        out[key] = None
+    return out
+
+
+def _put_back(copied: Json, obj: Json) -> None:
+    """The shared values of `obj` into their places in `copied` (a copy of `_without_shared(obj)`)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and meta.get("managedFields") is not None:
+        copied["metadata"]["managedFields"] = meta["managedFields"]
+    spec = _pod_spec(obj)
+    if spec is None:
+        return
+    target = copied["spec"]
+    if "volumes" in spec:
+        target["volumes"] = spec["volumes"]
+    for key in _CONTAINER_LISTS:
+        items = spec.get(key)
+        if isinstance(items, list):
+            for new, old in zip(target[key], items, strict=True):
+                if isinstance(old, dict):
+                    for k in _SHARED_CONTAINER_KEYS.intersection(old):
+                        new[k] = old[k]
 
 
 def _untouched(obj: Json, kind: str, policy: Policy, warnings: tuple[str, ...] = (), handled: bool = True) -> Review:
@@ -181,11 +285,10 @@ def review(
     excepted: list[tuple[str, str]] = []
     expired: list[str] = []
 
+    plan = _plan(policy, mode)
     applied: list[str] = []
     if mutate and not elastic:
-        for m in MUTATIONS:
-            if not policy.mutations.get(m.id, False):
-                continue
+        for m, applied_result, native_result in plan.mutations:
             # A MutatingAdmissionPolicy made this mutation in the API server (`serve --native-mutations`) on
             # the pods its CEL sees as asking for GPUs; the rest (DRA claims, ...) it leaves to us.
             native_here = m.id in ctx.native and kind in NATIVE_KINDS and m.id in native_mutations(policy)
@@ -210,21 +313,20 @@ def review(
             if changed:
                 subject.invalidate(m.touches)
                 applied.append(m.id)
-                results.append(_plain(m.id, "mutate", "applied"))
+                results.append(applied_result)
             elif native_here:
-                results.append(_plain(m.id, "mutate", "native"))
+                results.append(native_result)
 
-    for rule in RULES if validate else ():
+    for rule, action, passed, skipped in plan.rules if validate else ():
         if (elastic and not rule.elasticity) or (only is not None and rule.id not in only):
             continue
-        action = _cap(policy.rules.get(rule.id, "enforce"), mode)
         if rule.id in ctx.native and kind in NATIVE_KINDS:  # a ValidatingAdmissionPolicy judges it there
             live = _exemption(rule.id, obj, ctx)[0]
             skip = f"excepted by {live.ref} until {live.until_text}: the API server's policy skips it" if live else ""
             results.append(RuleResult(rule.id, action, "native", skip))
             continue
         if action == "off":
-            results.append(_plain(rule.id, action, "skip"))
+            results.append(skipped)
             continue
         try:
             violations = rule.fn(subject)
@@ -234,7 +336,7 @@ def review(
             failed_closed = failed_closed or policy.failure_mode == "closed"
             continue
         if not violations:
-            results.append(_plain(rule.id, action, "pass"))
+            results.append(passed)
             continue
         v = violations[0]
         exemption, lapsed = _exemption(rule.id, obj, ctx)
