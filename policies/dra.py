@@ -18,13 +18,13 @@ from functools import cached_property
 from typing import Any
 
 from policies.quantity import QuantityError, parse_bytes
+from policies.resources import EXTENDED_PREFIX as EXTENDED_PREFIX  # defined there: pod_ask reads it
 from policies.resources import GPU, GPU_SHARED, ContainerAsk, is_gpu_resource, parse_count
 from policies.workloads import Json
 
 # Marks the DeviceClasses `gpu-admission policy deviceclasses` generates (value: the tier, "80Gi" or "1g.10gb").
 TIER_LABEL = "gpu-admission.io/gpu-memory-tier"
-# A pod asks any class by this extended-resource prefix (KEP-5004): an implicit claim of N devices.
-EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
+# A pod asks any class by the extended-resource prefix EXTENDED_PREFIX (KEP-5004): an implicit claim of N devices.
 NVIDIA_DRIVER = "gpu.nvidia.com"
 CHANNEL_DRIVER = "compute-domain.nvidia.com"
 SHARING_STRATEGIES = frozenset({"TimeSlicing", "MPS"})
@@ -208,10 +208,6 @@ class Lookup:
     resolve: Resolver | None
     namespace: str
     cel_check: Callable[[str], str | None] | None = None  # a one-line parse error, or None
-
-    def reads(self, spec: Json) -> bool:
-        """The pod spec asks anything through DRA (cheap: most pods do not)."""
-        return asks_through_dra(spec, self.classes)
 
     def with_claims(self, pod: Json, containers: list[ContainerAsk]) -> tuple[list[ContainerAsk], PodClaims | None]:
         return with_claims(pod, containers, self)
@@ -616,24 +612,6 @@ def _container_limits(pod: Json) -> dict[str, dict[str, Any]]:
             name = _name(c, f"#{i}")
             out[name] = table
     return out
-
-
-def asks_through_dra(spec: Json, classes: Classes) -> bool:
-    """Cheap test before reading claims: the pod has claims, or a container names a DRA extended resource."""
-    if spec.get("resourceClaims"):
-        return True
-    mapped = classes.extended_names
-    for key in ("initContainers", "containers"):
-        items = spec.get(key)
-        for c in items if isinstance(items, list) else []:
-            res = c.get("resources") if isinstance(c, dict) else None
-            for section in ("limits", "requests"):
-                amounts = res.get(section) if isinstance(res, dict) else None
-                if isinstance(amounts, dict) and any(
-                    isinstance(k, str) and (k.startswith(EXTENDED_PREFIX) or k in mapped) for k in amounts
-                ):
-                    return True
-    return False
 
 
 # --- gpu-memory on DRA: one DeviceClass per memory tier and MIG profile ----------------------------

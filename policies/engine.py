@@ -21,13 +21,13 @@ from policies.mutations import MUTATIONS, Mutation, later_pods_reservation
 from policies.native import COVERED_KINDS as NATIVE_KINDS
 from policies.native import EXCEPTED_ANNOTATION, NATIVE_RULES, cel_asks_gpu, native_mutations
 from policies.patch import JsonOp, diff
-from policies.resources import NVIDIA_PREFIX
+from policies.resources import EXTENDED_PREFIX, NVIDIA_PREFIX
 from policies.rules import RULES, Rule
 from policies.subject import ReviewContext, Subject, build
 from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, containers, effective_kind, templates
 
 # Resource names that ask for a GPU: device-plugin ones, and DRA's implicit claims of a class.
-GPU_PREFIXES = (NVIDIA_PREFIX, dra.EXTENDED_PREFIX)
+GPU_PREFIXES = (NVIDIA_PREFIX, EXTENDED_PREFIX)
 
 __all__ = ["Finding", "Placement", "Review", "ReviewContext", "RuleResult", "review"]
 

@@ -6,10 +6,13 @@ must land in). Everything here is computed once per inventory change, not per re
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, overload
+
+import orjson
 
 from policies import affinity, comm, dra, gpulabels, mig, nodeindex, topology
 from policies.document import Policy, Pool
@@ -280,7 +283,9 @@ class Inventory:
     classes: dra.Classes = field(default_factory=dra.Classes)
     # node selection -> candidates, least recently used first. Safe on the instance: an inventory never
     # changes (a node event makes a new one, which starts empty).
-    _candidates: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _candidates: dict[bytes, tuple[NodeSelection, int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
     _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
@@ -338,27 +343,24 @@ class Inventory:
         """GPU nodes the pod's nodeSelector / required node affinity allow (nodeName, nodeSelector and the
         required terms; tolerations, preferred affinity and pod affinity do not narrow it)."""
         selection = node_selection(pod)
-        # repr, not a JSON dump: it tells None from NaN, 1 from 1.0 and a date from its string, so equal keys
-        # are equal selections even for YAML-loaded input.
-        try:
-            key = repr(selection)
-        except RecursionError:
-            key = ""
-        if not key or len(key) > CANDIDATES_KEY_LIMIT:
+        key = _selection_key(selection)
+        if key is None:
             return NodeSet(self.index, self._match(selection))
         cache = self._candidates
         # pop + insert keeps the most recently used last. Each step stays valid if another thread's review
         # touches the cache in between: at worst an entry is computed twice or evicted late.
         hit = cache.pop(key, None)
-        if hit is None:
-            hit = self._match(selection)
+        # The JSON key is one for null and NaN, and for a date and its string: an entry answers only an equal
+        # selection (Python's ==, which tells those apart; 1 and 1.0 have different keys).
+        if hit is None or hit[0] != selection:
+            hit = (copy.deepcopy(selection), self._match(selection))  # a copy: the pod's lists may be edited
         cache[key] = hit
         while len(cache) > CANDIDATES_CACHE_SIZE:
             try:
                 del cache[next(iter(cache))]
             except (KeyError, RuntimeError, StopIteration):
                 break
-        return NodeSet(self.index, hit)
+        return NodeSet(self.index, hit[1])
 
     def _match(self, selection: NodeSelection) -> int:
         try:
@@ -382,6 +384,16 @@ class Inventory:
         """The next version: entry key -> node (added or replaced) or None (removed). Costs what the changed
         nodes touch, except when the detected rack label changes (every node's rack is re-read)."""
         return _next(self, dict(changes))
+
+
+def _selection_key(selection: NodeSelection) -> bytes | None:
+    """The cache key of a node selection: its JSON (several times faster than repr), or None when it has
+    none (non-string keys, huge integers, nesting deeper than 255) or is longer than CANDIDATES_KEY_LIMIT."""
+    try:
+        key = orjson.dumps(selection)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    return key if len(key) <= CANDIDATES_KEY_LIMIT else None
 
 
 def _labels(node: Json) -> dict[str, str]:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies import comm, placement, podviews, userkeys
-from policies.dra import EXTENDED_PREFIX, DeviceClass
+from policies.dra import DeviceClass
 from policies.inventory import NodeSet, Offer
 from policies.patch import clone
-from policies.resources import GPU
+from policies.resources import EXTENDED_PREFIX, GPU
 from policies.subject import (
     METADATA,
     NODE_SELECTION,

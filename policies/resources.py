@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from policies.dra import ClaimAsk, Lookup, PodClaims
 
 GPU = "nvidia.com/gpu"
+# DRA's implicit extended resource of a DeviceClass: deviceclass.resource.kubernetes.io/<class> (policies/dra.py).
+EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
 GPU_SHARED = "nvidia.com/gpu.shared"
 NVIDIA_PREFIX = "nvidia.com/"
 # HAMi's own resources are not device-plugin GPUs; they count as a GPU ask but not as whole cards.
@@ -65,8 +68,8 @@ class PodAsk:
     whole_gpus: int  # nvidia.com/gpu per pod: sum over containers, or the largest init container if larger
     claims: PodClaims | None = None  # the pod's DRA claims as read (None: it has none, or none were read)
 
-    @property
-    def asks_gpu(self) -> bool:
+    @cached_property
+    def asks_gpu(self) -> bool:  # (cached: several rules and mutations ask per review)
         return any(c.amounts or c.unparsable or c.claimed for c in self.containers) or bool(
             self.claims and (self.claims.errors or self.claims.notes)
         )
@@ -109,14 +112,24 @@ def _resource_map(resources: Any, key: str) -> Mapping[str, Any]:
 
 
 def container_ask(container: Json, init: bool, index: int) -> ContainerAsk:
+    return _container_ask(container, init, index, frozenset())[0]
+
+
+def _container_ask(container: Json, init: bool, index: int, mapped: frozenset[str]) -> tuple[ContainerAsk, bool]:
+    """The container's ask, and whether it names a resource served through DRA (`EXTENDED_PREFIX`, or one of
+    `mapped`, the classes' extendedResourceNames): read in the same pass, the cheap test before claims."""
     res = container.get("resources")
     limits = _resource_map(res, "limits")
     requests = _resource_map(res, "requests")
     amounts: dict[str, int] = {}
     bad: list[str] = []
     mismatched: list[str] = []
-    for name in {*limits, *requests}:
-        if not isinstance(name, str) or not is_gpu_resource(name):
+    through_dra = False
+    for name in (*limits, *(k for k in requests if k not in limits)):  # limits win; a request alone counts
+        if not isinstance(name, str):
+            continue
+        if not name.startswith(NVIDIA_PREFIX):
+            through_dra = through_dra or name.startswith(EXTENDED_PREFIX) or name in mapped
             continue
         raw = limits[name] if name in limits else requests[name]
         count = parse_count(raw)
@@ -128,28 +141,40 @@ def container_ask(container: Json, init: bool, index: int) -> ContainerAsk:
         if count:
             amounts[name] = count
     cname = container.get("name")
-    return ContainerAsk(
+    ask = ContainerAsk(
         name=cname if isinstance(cname, str) else f"#{index}",
         init=init,
         index=index,
         amounts=amounts,
-        unparsable=tuple(sorted(bad)),
-        mismatched=tuple(sorted(mismatched)),
+        unparsable=tuple(sorted(bad)) if bad else (),
+        mismatched=tuple(sorted(mismatched)) if mismatched else (),
     )
+    return ask, through_dra
 
 
 def pod_ask(pod: Json, lookup: Lookup | None = None) -> PodAsk:
     """The pod's GPU ask; with a DRA lookup also what its claims and DRA extended resources ask."""
     spec = pod.get("spec")
     out: list[ContainerAsk] = []
+    mapped = lookup.classes.extended_names if lookup is not None else frozenset()
+    through_dra = False
     if isinstance(spec, dict):
         for key, init in (("initContainers", True), ("containers", False)):
             items = spec.get(key)
             if isinstance(items, list):
-                out.extend(container_ask(c, init, i) for i, c in enumerate(items) if isinstance(c, dict))
+                for i, c in enumerate(items):
+                    if isinstance(c, dict):
+                        ask, dra_name = _container_ask(c, init, i, mapped)
+                        out.append(ask)
+                        through_dra = through_dra or dra_name
     claims = None
-    if lookup is not None and isinstance(spec, dict) and lookup.reads(spec):
+    if lookup is not None and isinstance(spec, dict) and (through_dra or spec.get("resourceClaims")):
         out, claims = lookup.with_claims(pod, out)
-    app = sum(c.amounts.get(GPU, 0) + c.claimed.get(GPU, 0) for c in out if not c.init)
-    init_max = max((c.amounts.get(GPU, 0) + c.claimed.get(GPU, 0) for c in out if c.init), default=0)
+    app = init_max = 0
+    for c in out:
+        n = c.amounts.get(GPU, 0) + c.claimed.get(GPU, 0)
+        if c.init:
+            init_max = max(init_max, n)
+        else:
+            app += n
     return PodAsk(containers=tuple(out), whole_gpus=max(app, init_max), claims=claims)

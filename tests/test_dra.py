@@ -174,7 +174,28 @@ def test_a_claim_shared_by_two_containers_counts_once_and_names_its_request() ->
 def test_a_pod_without_claims_is_not_read_for_them() -> None:
     pod = {"spec": {"containers": [{"name": "c", "resources": {"limits": {GPU: 1}}}]}}
     assert pod_ask(pod, _lookup()).claims is None
-    assert not dra.asks_through_dra(pod["spec"], dra.Classes())
+
+
+@pytest.mark.parametrize("section", ["limits", "requests"])
+@pytest.mark.parametrize("name", [dra.EXTENDED_PREFIX + "whole-gpu", "example.com/gpu"])
+def test_a_dra_extended_resource_alone_makes_the_pod_read_for_claims(section: str, name: str) -> None:
+    """pod_ask notices a DeviceClass's extended resource (the implicit prefix, or a class's
+    extendedResourceName) in the same pass that reads nvidia.com/ names, in limits or requests alone."""
+    gpu = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+    served = dra.classes_from_objects(
+        [
+            {
+                "metadata": {"name": "whole-gpu"},
+                "spec": {"selectors": [{"cel": {"expression": gpu}}], "extendedResourceName": "example.com/gpu"},
+            }
+        ]
+    )
+    pod = {"spec": {"containers": [{"name": "c", "resources": {section: {"cpu": "1", name: "2"}}}]}}
+    ask = pod_ask(pod, _lookup(classes=served))
+    assert ask.claims is not None and ask.whole_gpus == 2 and ask.asks_gpu
+    assert pod_ask(pod).claims is None and pod_ask(pod).whole_gpus == 0  # no lookup: device-plugin names only
+    other = {"spec": {"containers": [{"name": "c", "resources": {section: {"example.com/other": "2"}}}]}}
+    assert pod_ask(other, _lookup(classes=served)).claims is None
 
 
 # -- the server's caches ------------------------------------------------------------------------------------

@@ -285,6 +285,30 @@ def test_pods_of_one_job_share_an_entry() -> None:
     assert len(inv._candidates) == 1
 
 
+def test_an_entry_keeps_no_list_of_the_pod_it_was_computed_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mutation may append to the pod's terms after its candidates were read: the cached entry still
+    answers the selection as it was, from the cache (keys look alike for null and NaN, so an entry keeps a
+    copy of its selection to compare, not the pod's own lists)."""
+    computed: list[Any] = []
+    match = inventory_mod.Inventory._match
+
+    def counting(self: inventory_mod.Inventory, selection: Any) -> int:
+        computed.append(selection)
+        return match(self, selection)
+
+    monkeypatch.setattr(inventory_mod.Inventory, "_match", counting)
+    inv = inventory()
+    first = pod(spec=required({"matchExpressions": [{"key": RACK, "operator": "In", "values": ["rack-a"]}]}))
+    assert names(inv.candidates(first)) == ["h100-a-1", "h100-a-2"]
+    terms = first["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    terms["nodeSelectorTerms"][0]["matchExpressions"].append({"key": RACK, "operator": "In", "values": ["rack-b"]})
+    again = pod(spec=required({"matchExpressions": [{"key": RACK, "operator": "In", "values": ["rack-a"]}]}))
+    assert names(inv.candidates(again)) == ["h100-a-1", "h100-a-2"]
+    assert len(computed) == 1  # answered from the entry
+    assert names(inv.candidates(first)) == []  # the edited pod: its own selection now
+    assert len(computed) == 2 and len(inv._candidates) == 2
+
+
 def test_an_inventory_with_other_nodes_has_its_own_cache() -> None:
     policy = golden.policy_for(None)
     nodes = list(golden._node_objects(golden.DEFAULT_NODES))
