@@ -451,7 +451,7 @@ def _mentions_gpu(obj: Json, ctx: ReviewContext, classes: dra.Classes) -> bool:
     """Any nvidia.com/ resource in any container, DRA claims or extended resources, or any gpu-admission.io/
     key on the object or a pod template: a superset of what the engine acts on, read without copying or
     classifying anything."""
-    pods = [t.pod for t in templates(obj, ctx.resolve)]
+    pods = [obj] if effective_kind(obj) == "Pod" else [t.pod for t in templates(obj, ctx.resolve)]
     mapped = classes.extended_names
     for pod in pods:
         spec = pod.get("spec")

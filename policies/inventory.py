@@ -126,19 +126,20 @@ class NodeSet(Sequence[GpuNode]):
     def excluding(self, name: Any) -> NodeSet:
         return NodeSet(self.universe, self.mask & ~self.universe.set(name))
 
-    @property
+    @cached_property
     def offer_gpu(self) -> NodeSet:
-        """The members that offer plain nvidia.com/gpu."""
+        """The members that offer plain nvidia.com/gpu (cached: a pod's candidates are asked it several times
+        per review)."""
         return self.having(OFFERS_GPU)
 
     @property
     def all_shared(self) -> bool:
         """Not empty, and every member time-sliced or MPS."""
-        return bool(self.mask) and not self.excluding(SHARED)
+        return self.mask != 0 and not self.mask & ~self.universe.set(SHARED)
 
     @property
     def any_whole_card(self) -> bool:
-        return bool(self.having(WHOLE_CARD))
+        return (self.mask & self.universe.set(WHOLE_CARD)) != 0
 
     def members_of(self, kind: str) -> Iterator[tuple[Any, NodeSet]]:
         """(set name, members in it) for each named set of this kind (e.g. "offer", "product") it meets."""

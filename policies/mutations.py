@@ -11,11 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies import comm, placement, podviews, userkeys
+from policies import comm, placement, podviews, schedkeys, userkeys
 from policies.dra import DeviceClass
 from policies.inventory import NodeSet, Offer
 from policies.patch import clone
 from policies.resources import EXTENDED_PREFIX, GPU
+from policies.selectors import required_terms
 from policies.subject import (
     METADATA,
     NODE_SELECTION,
@@ -328,8 +329,6 @@ def _via_gang_scheduler(s: Subject, p: Pod, rack: str) -> bool:
     same-rack constraint goes into that scheduler's keys: Volcano `networkTopology` hard at the level's tier on a
     Volcano Job, Kueue `podset-required-topology` on a queued workload's pod templates, KAI's Topology and
     required placement on the top owner. Never overwrites a value the user set."""
-    from policies.subject import meta_map
-
     pol = s.policy
     if pol.gang_workload and s.kind == "Job":
         return _job_scheduling(s, rack)
@@ -495,8 +494,6 @@ def larger_than_any_clique(s: Subject) -> bool:
 
 
 def claims_nvlink_domain(s: Subject) -> bool:
-    from policies.selectors import required_terms
-
     for p in s.pods:
         if any(a.channel for a in p.ask.claim_asks()):
             return True  # a claim on the ComputeDomain channel class
@@ -635,8 +632,6 @@ def later_pods_reservation(s: Subject, jid: str | None) -> placement.Reservation
 
 def pinned_domain(pod: Json, key: str) -> str | None:
     """The one value every required nodeSelectorTerm of the pod pins `key` to (`key In [value]`), else None."""
-    from policies.selectors import required_terms
-
     found = set()
     for term in required_terms(pod) or []:
         exprs = term.get("matchExpressions") if isinstance(term, dict) else None
@@ -844,8 +839,6 @@ QUEUE_ANNOTATIONS = ("scheduling.volcano.sh/queue-name", "volcano.sh/queue-name"
 
 
 def has_queue(s: Subject, p: Pod) -> bool:
-    from policies.subject import meta_map
-
     for src in (s.obj, p.pod):
         if any(k in meta_map(src, "labels") for k in QUEUE_LABELS):
             return True
@@ -896,9 +889,6 @@ def has_rack_constraint(s: Subject, p: Pod) -> bool:
 
 
 def _rack_constraint(s: Subject, p: Pod) -> bool:
-    from policies import schedkeys
-    from policies.selectors import required_terms
-
     domain = job_domain(s)
     fine = domain[1] if domain else s.inventory.rack_or_finer
     spec = p.spec

@@ -71,9 +71,12 @@ def warm_minimums(kind: str, obj: Json, gpu_roles: Collection[str]) -> list[tupl
     return []
 
 
+ELASTIC_KINDS = frozenset({"RayJob"})  # training kinds with an autoscaler of their own
+
+
 def elastic_training(kind: str, obj: Json, gpu_roles: Collection[str]) -> str | None:
     """Why a training kind's own autoscaler can shrink it mid-run (None: it cannot)."""
-    if kind != "RayJob":
+    if kind not in ELASTIC_KINDS:
         return None
     for name, lo, hi in _ray_groups(kind, obj, gpu_roles):
         if lo < hi:

@@ -211,21 +211,24 @@ def _elastic_signal(s: Subject) -> str | None:
             lo, hi = ep.get("minReplicas"), ep.get("maxReplicas")
             if isinstance(lo, int) and isinstance(hi, int) and lo < hi:
                 return f"elasticPolicy minReplicas {lo} < maxReplicas {hi}"
-    for src in (s.obj, *(p.pod for p in s.pods)):
+    for src in (s.obj, *(p.pod for p in s.pods if p.pod is not s.obj)):  # (a Pod is its own template)
         for section in ("labels", "annotations"):
             if meta_map(src, section).get("kueue.x-k8s.io/elastic-job") == "true":
                 return "kueue.x-k8s.io/elastic-job is true"
     for p in s.pods:
         for c in containers(p.pod):
             env = c.get("env")
-            for e in env if isinstance(env, list) else []:
-                if isinstance(e, dict) and e.get("name") == "PET_NNODES" and isinstance(e.get("value"), str):
+            if not isinstance(env, list):
+                continue
+            for e in env:  # (every pod of a training operator has a dozen or more: the loop is kept plain)
+                if type(e) is dict and e.get("name") == "PET_NNODES" and isinstance(e.get("value"), str):
                     lo_s, _, hi_s = e["value"].partition(":")
                     if lo_s.isdigit() and hi_s.isdigit() and int(lo_s) < int(hi_s):
                         return f"PET_NNODES={e['value']} lets the job shrink"
-    own = ownscaling.elastic_training(s.kind, s.obj, {p.template.role for p in s.gpu_pods})
-    if own:
-        return own
+    if s.kind in ownscaling.ELASTIC_KINDS:
+        own = ownscaling.elastic_training(s.kind, s.obj, {p.template.role for p in s.gpu_pods})
+        if own:
+            return own
     if s.kind == "VolcanoJob":
         total = sum(p.template.replicas for p in s.pods)
         ma = spec.get("minAvailable")

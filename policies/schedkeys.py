@@ -111,8 +111,9 @@ def misplaced(s: Subject) -> list[str]:
     own = meta_map(s.obj, "annotations")
     if s.kind != "Pod" and any(k.startswith(KUEUE_PREFIX) and k.endswith("topology") for k in own):
         out.append(f"Kueue reads kueue.x-k8s.io/podset-*-topology from pod templates, not the {s.kind}")
-    on_templates = {k for p in s.pods if _is_template(s, p) for k in meta_map(p.pod, "annotations") if k in KAI_KEYS}
-    if s.kind != "Pod" and on_templates - set(own):
+    if s.kind != "Pod" and {
+        k for p in s.pods if _is_template(s, p) for k in meta_map(p.pod, "annotations") if k in KAI_KEYS
+    } - set(own):
         out.append(f"KAI reads kai.scheduler/topology* from the {s.kind}, not its pod templates")
     placement = own.get(KAI_REQUIRED) or own.get("kai.scheduler/topology-preferred-placement")
     if placement and not own.get(KAI_TOPOLOGY):

@@ -212,7 +212,7 @@ def meta_str(obj: Json, key: str) -> str:
 
 def build(obj: Json, policy: Policy, inventory: Inventory, ctx: ReviewContext) -> Subject:
     kind = effective_kind(obj)
-    obj_keys = userkeys.read(obj, where=(kind,)) if kind != "Pod" else userkeys.UserKeys()
+    obj_keys = userkeys.read(obj, where=(kind,)) if kind != "Pod" else userkeys.NONE
     pods: list[Pod] = []
     lookup = dra.Lookup(inventory.classes, ctx.resolve, ctx.namespace or meta_str(obj, "namespace"), ctx.cel_check)
     for tpl in templates(obj, ctx.resolve):
@@ -240,9 +240,15 @@ def _unresolved_runtime_note(obj: Json) -> str:
     return f"TrainJob: {what} not found: nodes judged from spec.trainer only, not mutated"
 
 
+_JOB_LABELS = (OWN_JOB_LABEL, *POD_JOB_LABELS)
+
+
 def job_label(labels: Mapping[str, Any]) -> str | None:
     """The label that names a bare pod's job, most specific first."""
-    return next((k for k in (OWN_JOB_LABEL, *POD_JOB_LABELS) if isinstance(labels.get(k), str)), None)
+    for k in _JOB_LABELS:
+        if isinstance(labels.get(k), str):
+            return k
+    return None
 
 
 def pod_facts(pod: Mapping[str, Any]) -> tuple[dict[str, int], str | None]:
@@ -293,7 +299,6 @@ def grouping(inv: Inventory, cands: NodeSet, key: str) -> placement.Grouping:
 
 
 def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkeys.UserKeys) -> Job:
-    gpu_pods = [p for p in pods if p.ask.asks_gpu]
     job_gpus = next((p.keys.job_gpus for p in pods if p.keys.job_gpus), None) or obj_keys.job_gpus
     if kind == "Pod":
         pod = pods[0] if pods else None
@@ -307,6 +312,7 @@ def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: 
         known = job_gpus is not None or not multi
         gang = placement.gang_sizes(job_gpus, per_pod) if job_gpus is not None and multi else ()
         return Job(key, labels.get(key) if key else None, 2 if multi else 1, job_gpus or per_pod, multi, known, gang)
+    gpu_pods = [p for p in pods if p.ask.asks_gpu]
     total_pods = sum(p.template.replicas for p in gpu_pods)
     total_gpus = sum(p.template.replicas * p.ask.whole_gpus for p in gpu_pods)
     key = JOB_IDENTITY_LABEL.get(kind) or OWN_JOB_LABEL

@@ -48,9 +48,22 @@ def _meta(obj: Any, key: str) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+NONE = UserKeys()  # what most objects carry: none of our keys (frozen, so shared)
+
+
+def _mentions(obj: Any) -> bool:
+    for section in ("labels", "annotations"):
+        for key in _meta(obj, section):
+            if isinstance(key, str) and key.startswith(PREFIX):
+                return True
+    return False
+
+
 def read(*objects: Any, where: tuple[str, ...] = ()) -> UserKeys:
     """Parse our keys from the metadata of each object in turn; later objects (pod templates) win.
     `where` names each object for error messages (e.g. "Job", "template worker")."""
+    if not any(_mentions(obj) for obj in objects):
+        return NONE
     values: dict[str, Any] = {}
     errors: list[str] = []
     for i, obj in enumerate(objects):
