@@ -126,10 +126,9 @@ class NodeSet(Sequence[GpuNode]):
     def excluding(self, name: Any) -> NodeSet:
         return NodeSet(self.universe, self.mask & ~self.universe.set(name))
 
-    @cached_property
+    @property
     def offer_gpu(self) -> NodeSet:
-        """The members that offer plain nvidia.com/gpu (cached: a pod's candidates are asked it several times
-        per review)."""
+        """The members that offer plain nvidia.com/gpu."""
         return self.having(OFFERS_GPU)
 
     @property

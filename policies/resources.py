@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -66,13 +65,10 @@ class ContainerAsk:
 class PodAsk:
     containers: tuple[ContainerAsk, ...]
     whole_gpus: int  # nvidia.com/gpu per pod: sum over containers, or the largest init container if larger
+    # Any GPU asked: a container's nvidia.com/ amount (or one that does not parse), a device through DRA, or
+    # a claim that could not be read (pod_ask works it out once: rules and mutations ask it several times).
+    asks_gpu: bool
     claims: PodClaims | None = None  # the pod's DRA claims as read (None: it has none, or none were read)
-
-    @cached_property
-    def asks_gpu(self) -> bool:  # (cached: several rules and mutations ask per review)
-        return any(c.amounts or c.unparsable or c.claimed for c in self.containers) or bool(
-            self.claims and (self.claims.errors or self.claims.notes)
-        )
 
     def resource_names(self) -> set[str]:
         return {name for c in self.containers for name in (*c.amounts, *c.claimed)}
@@ -171,10 +167,12 @@ def pod_ask(pod: Json, lookup: Lookup | None = None) -> PodAsk:
     if lookup is not None and isinstance(spec, dict) and (through_dra or spec.get("resourceClaims")):
         out, claims = lookup.with_claims(pod, out)
     app = init_max = 0
+    asks = bool(claims and (claims.errors or claims.notes))
     for c in out:
         n = c.amounts.get(GPU, 0) + c.claimed.get(GPU, 0)
         if c.init:
             init_max = max(init_max, n)
         else:
             app += n
-    return PodAsk(containers=tuple(out), whole_gpus=max(app, init_max), claims=claims)
+        asks = asks or bool(c.amounts or c.unparsable or c.claimed)
+    return PodAsk(containers=tuple(out), whole_gpus=max(app, init_max), asks_gpu=asks, claims=claims)
