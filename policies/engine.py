@@ -24,7 +24,7 @@ from policies.patch import JsonOp, diff
 from policies.resources import EXTENDED_PREFIX, NVIDIA_PREFIX
 from policies.rules import RULES, Rule
 from policies.subject import ReviewContext, Subject, build
-from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, containers, effective_kind, templates
+from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, effective_kind, templates
 
 # Resource names that ask for a GPU: device-plugin ones, and DRA's implicit claims of a class.
 GPU_PREFIXES = (NVIDIA_PREFIX, EXTENDED_PREFIX)
@@ -455,17 +455,8 @@ def _mentions_gpu(obj: Json, ctx: ReviewContext, classes: dra.Classes) -> bool:
     mapped = classes.extended_names
     for pod in pods:
         spec = pod.get("spec")
-        if isinstance(spec, dict) and spec.get("resourceClaims"):
+        if isinstance(spec, dict) and (spec.get("resourceClaims") or _names_gpu(spec, mapped)):
             return True
-        for c in containers(pod):
-            res = c.get("resources")
-            if isinstance(res, dict):
-                for section in ("limits", "requests"):
-                    amounts = res.get(section)
-                    if isinstance(amounts, dict) and any(
-                        isinstance(k, str) and (k.startswith(GPU_PREFIXES) or k in mapped) for k in amounts
-                    ):
-                        return True
     for holder in (obj, *pods):
         meta = holder.get("metadata")
         if isinstance(meta, dict):
@@ -473,6 +464,26 @@ def _mentions_gpu(obj: Json, ctx: ReviewContext, classes: dra.Classes) -> bool:
                 keys = meta.get(section)
                 if isinstance(keys, dict) and any(isinstance(k, str) and k.startswith(userkeys.PREFIX) for k in keys):
                     return True
+    return False
+
+
+def _names_gpu(spec: Json, mapped: frozenset[str]) -> bool:
+    """A container of the pod spec names a GPU resource in its limits or requests (plain loops: this runs
+    for every pod the API server sends)."""
+    for key in ("initContainers", "containers"):
+        items = spec.get(key)
+        if not isinstance(items, list):
+            continue
+        for c in items:
+            res = c.get("resources") if isinstance(c, dict) else None
+            if not isinstance(res, dict):
+                continue
+            for section in ("limits", "requests"):
+                amounts = res.get(section)
+                if isinstance(amounts, dict):
+                    for k in amounts:
+                        if isinstance(k, str) and (k.startswith(GPU_PREFIXES) or k in mapped):
+                            return True
     return False
 
 

@@ -136,6 +136,7 @@ class Subject:
     _gpu_pods: list[Pod] | None = None
     _obj_keys: userkeys.UserKeys = field(default_factory=userkeys.UserKeys)
     _job: Job | None = None
+    _job_id: tuple[Job | None, str | None] = (None, None)  # (the job it was worked out for, its id)
     _placement: placement.Decision | bool | None = False  # False: not decided yet
     # mutations.job_domain, asked by training-rack, placement and two rules per review (False: not yet).
     _domain: tuple[str, frozenset[str]] | bool | None = False
@@ -184,9 +185,14 @@ class Subject:
 
     def job_id(self) -> str | None:
         job = self.job
-        if job.key is None or job.value is None:
-            return None
-        return placement.job_id(self.ctx.namespace or self.namespace, job.key, job.value)
+        if self._job_id[0] is not job:  # once per job derived (asked by several mutations and the engine)
+            jid = (
+                None
+                if job.key is None or job.value is None
+                else placement.job_id(self.ctx.namespace or self.namespace, job.key, job.value)
+            )
+            self._job_id = (job, jid)
+        return self._job_id[1]
 
     @property
     def workload(self) -> str | None:
