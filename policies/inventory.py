@@ -372,7 +372,10 @@ class Inventory:
     def level_for(self, gpus: int, known: bool) -> int | None:
         """Index of the narrowest level whose largest domain holds a job of `gpus` whole GPUs (by total
         capacity); the rack level when the size (or a job of MIG slices only) or the capacity is unknown; None
-        when no domain can hold it."""
+        when no domain can hold it. Once per inventory and size: every training review asks."""
+        return self.memo(("level-for", gpus, known), lambda: (self._level_for(gpus, known),))[0]  # type: ignore[no-any-return]
+
+    def _level_for(self, gpus: int, known: bool) -> int | None:
         if not known or gpus <= 0 or not any(lv.largest_gpus for lv in self.levels):
             return _rack_index(self.levels)
         return next((i for i, lv in enumerate(self.levels) if lv.largest_gpus >= gpus), None)

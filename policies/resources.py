@@ -121,7 +121,10 @@ def _container_ask(container: Json, init: bool, index: int, mapped: frozenset[st
     bad: list[str] = []
     mismatched: list[str] = []
     through_dra = False
-    for name in (*limits, *(k for k in requests if k not in limits)):  # limits win; a request alone counts
+    names = list(limits)
+    if requests:
+        names += [k for k in requests if k not in limits]  # limits win; a request alone counts
+    for name in names:
         if not isinstance(name, str):
             continue
         if not name.startswith(NVIDIA_PREFIX):
@@ -132,7 +135,7 @@ def _container_ask(container: Json, init: bool, index: int, mapped: frozenset[st
         if count is None:
             bad.append(name)
             continue
-        if name not in limits or (name in requests and parse_count(requests[name]) != count):
+        if name not in limits or (name in requests and _differs(requests[name], raw, count)):
             mismatched.append(name)
         if count:
             amounts[name] = count
@@ -146,6 +149,14 @@ def _container_ask(container: Json, init: bool, index: int, mapped: frozenset[st
         mismatched=tuple(sorted(mismatched)) if mismatched else (),
     )
     return ask, through_dra
+
+
+def _differs(request: Any, limit: Any, count: int) -> bool:
+    """The request is another amount than the limit's `count` (the same value of the same type is not: the
+    API server sends both as equal strings)."""
+    if type(request) is type(limit) and request == limit:
+        return False
+    return parse_count(request) != count
 
 
 def pod_ask(pod: Json, lookup: Lookup | None = None) -> PodAsk:

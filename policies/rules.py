@@ -50,7 +50,7 @@ class Rule:
 
 
 def _training_pods(s: Subject) -> list[Pod]:
-    return [p for p in s.gpu_pods if p.workload == "training"]
+    return s.training_pods
 
 
 def _job_level(s: Subject) -> Level | None:

@@ -134,6 +134,7 @@ class Subject:
     ctx: ReviewContext
     notes: list[str] = field(default_factory=list)
     _gpu_pods: list[Pod] | None = None
+    _training_pods: list[Pod] | None = None
     _obj_keys: userkeys.UserKeys = field(default_factory=userkeys.UserKeys)
     _job: Job | None = None
     _job_id: tuple[Job | None, str | None] = (None, None)  # (the job it was worked out for, its id)
@@ -156,11 +157,18 @@ class Subject:
             self._gpu_pods = [p for p in self.pods if p.ask.asks_gpu or p.keys.gpu_memory is not None]
         return self._gpu_pods
 
+    @property
+    def training_pods(self) -> list[Pod]:
+        """The GPU pods of class training (four rules ask; forgotten with gpu_pods)."""
+        if self._training_pods is None:
+            self._training_pods = [p for p in self.gpu_pods if p.workload == "training"]
+        return self._training_pods
+
     def invalidate(self, touched: Collection[str] = EVERYTHING) -> None:
         """Forget what was derived from the parts of the pod specs a mutation edited (`touched`, of the
         constants above; by default all of it)."""
         if RESOURCES in touched:
-            self._gpu_pods = None
+            self._gpu_pods = self._training_pods = None
         if RESOURCES in touched or METADATA in touched:
             self._job = None
             self._domain = False  # job size and claims (resources), job identity (metadata)

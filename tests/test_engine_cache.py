@@ -70,7 +70,7 @@ spec:
 
 def _fill(s: Subject) -> None:
     """Read every cache, so whatever a mutation edits without declaring it is left stale."""
-    _ = s.job, s.gpu_pods
+    _ = s.job, s.job_id(), s.gpu_pods, s.training_pods
     for p in s.pods:
         _ = p.ask, p.candidates(s.inventory), has_rack_constraint(s, p)
 
@@ -88,6 +88,11 @@ def _assert_fresh(s: Subject, after: str) -> None:
     assert s.gpu_pods == [p for p in s.pods if pod_ask(p.pod, p.lookup).asks_gpu or p.keys.gpu_memory is not None], (
         f"after {after}: stale gpu_pods"
     )
+    assert s.training_pods == [p for p in s.gpu_pods if p.workload == "training"], f"after {after}: stale training"
+    job = s.job
+    ns = s.ctx.namespace or s.namespace
+    fresh_id = None if job.key is None or job.value is None else f"{ns}/{job.key}={job.value}"
+    assert s.job_id() == fresh_id, f"after {after}: stale job id"
 
 
 def mutate_with_full_caches(obj: Any, policy: Any, inv: inventory_mod.Inventory) -> None:
