@@ -59,7 +59,7 @@ def by_pod(pod: Json) -> str | None:
         return None
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else {}
-    if any(key in labels for key in _TRAINING_POD_LABELS):
+    if not labels.keys().isdisjoint(_TRAINING_POD_LABELS):
         return "training"
     if "leaderworkerset.sigs.k8s.io/name" in labels or "serving.kserve.io/inferenceservice" in labels:
         return "inference"

@@ -129,7 +129,7 @@ class NodeSet(Sequence[GpuNode]):
     @property
     def offer_gpu(self) -> NodeSet:
         """The members that offer plain nvidia.com/gpu."""
-        return self.having(OFFERS_GPU)
+        return NodeSet(self.universe, self.mask & self.universe.set(OFFERS_GPU))
 
     @property
     def all_shared(self) -> bool:

@@ -254,7 +254,10 @@ def _limits(c: Json) -> Json:
 def _plugin_gpus(p: Pod) -> bool:
     """`nvidia.com/gpu` in a container's resources. GPUs claimed through DRA need no node affinity: their
     DeviceClass selects whole GPUs (type == 'gpu') device by device, and sharing is per claim, not per node."""
-    return any(GPU in c.amounts for c in p.ask.containers)
+    for c in p.ask.containers:  # noqa: SIM110 (a loop: 0.1 µs, any() over a generator 0.4)
+        if GPU in c.amounts:
+            return True
+    return False
 
 
 def training_pool(s: Subject, p: Pod) -> bool:
@@ -839,10 +842,10 @@ QUEUE_ANNOTATIONS = ("scheduling.volcano.sh/queue-name", "volcano.sh/queue-name"
 
 
 def has_queue(s: Subject, p: Pod) -> bool:
-    for src in (s.obj, p.pod):
-        if any(k in meta_map(src, "labels") for k in QUEUE_LABELS):
+    for src in (s.obj, p.pod) if p.pod is not s.obj else (s.obj,):
+        if not meta_map(src, "labels").keys().isdisjoint(QUEUE_LABELS):
             return True
-        if any(k in meta_map(src, "annotations") for k in QUEUE_ANNOTATIONS):
+        if not meta_map(src, "annotations").keys().isdisjoint(QUEUE_ANNOTATIONS):
             return True
     spec = s.obj.get("spec")
     return s.kind == "VolcanoJob" and isinstance(spec, dict) and bool(spec.get("queue"))
@@ -895,7 +898,7 @@ def _rack_constraint(s: Subject, p: Pod) -> bool:
     if isinstance(spec.get("nodeName"), str) and spec.get("nodeName"):
         return True
     sel = spec.get("nodeSelector")
-    if isinstance(sel, dict) and any(k in fine for k in sel):
+    if isinstance(sel, dict) and not fine.isdisjoint(sel):
         return True
     terms = required_terms(p.pod)
     if terms and all(_pins_domain(t, fine) for t in terms):

@@ -319,7 +319,7 @@ def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: 
         labels = pod.labels() if pod else {}
         key = job_label(labels)
         per_pod = pod.ask.whole_gpus if pod else 0
-        distributed = any(k in labels for k in _DISTRIBUTED_POD_LABELS)
+        distributed = not labels.keys().isdisjoint(_DISTRIBUTED_POD_LABELS)
         multi = (job_gpus is not None and job_gpus > per_pod) or distributed
         if job_gpus is not None and job_gpus <= per_pod:
             multi = False  # the whole job is this one pod (a 1-pod indexed Job, say): nothing to co-locate

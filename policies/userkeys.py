@@ -62,7 +62,10 @@ def _mentions(obj: Any) -> bool:
 def read(*objects: Any, where: tuple[str, ...] = ()) -> UserKeys:
     """Parse our keys from the metadata of each object in turn; later objects (pod templates) win.
     `where` names each object for error messages (e.g. "Job", "template worker")."""
-    if not any(_mentions(obj) for obj in objects):
+    for obj in objects:
+        if _mentions(obj):
+            break
+    else:
         return NONE
     values: dict[str, Any] = {}
     errors: list[str] = []
