@@ -428,8 +428,7 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
                         "set the GPU in limits (a request, if given, must equal the limit)",
                     )
                 ]
-            names = set(c.amounts)
-            if GPU in names and any(is_mig(n) for n in names):
+            if GPU in c.amounts and any(is_mig(n) for n in c.amounts):
                 return [
                     Violation(
                         f"container {c.name} mixes whole GPUs and MIG slices",
@@ -449,8 +448,8 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
                     "split the job into more pods (one node's worth each)",
                 )
             ]
-        for name in sorted(p.ask.resource_names()):
-            if is_mig(name) and not inv.offers(name):
+        for name in sorted(n for n in p.ask.resource_names() if is_mig(n)):
+            if not inv.offers(name):
                 offered = sorted(r for r in inv.resources if is_mig(r))
                 hint = f"; offered: {', '.join(offered[:4])}" if offered else ""
                 claimed = any(name in c.claimed for c in p.ask.containers)
