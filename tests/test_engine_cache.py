@@ -393,3 +393,61 @@ def test_managed_fields_are_shared_never_patched_and_keep_their_place() -> None:
     assert not any(op["path"].startswith("/metadata/managedFields") for op in r.patch)
     assert r.object["metadata"]["managedFields"] == before["metadata"]["managedFields"]
     assert list(r.object["metadata"]) == list(before["metadata"])
+
+
+# --- the engine's plan per policy and enforcement mode --------------------------------------------------
+
+
+def _verdict(obj: dict[str, Any], policy: Any, labels: dict[str, str] | None = None) -> tuple[Any, ...]:
+    r = review(copy.deepcopy(obj), policy=policy, inventory=INVENTORY, ctx=ReviewContext(namespace_labels=labels))
+    return (r.allowed, [d.rule for d in r.denials], r.mutations, [(x.rule, x.action, x.outcome) for x in r.results])
+
+
+def test_the_plan_follows_the_policy_object_not_its_hash() -> None:
+    """engine._plan is kept per policy object: a policy with the same hash but other rules or mutations (tests
+    build such with dataclasses.replace) gets its own, reviews alternating between them."""
+    import dataclasses
+
+    pod = corpus_pod(from_mutated_template=False)
+    quiet = dataclasses.replace(
+        POLICY,
+        mutations={m: False for m in POLICY.mutations},
+        rules={**POLICY.rules, "training-same-rack": "off"},
+    )
+    assert quiet.hash == POLICY.hash
+    for _ in range(2):
+        loud, hushed = _verdict(pod, POLICY), _verdict(pod, quiet)
+        assert loud[2] and not hushed[2]  # the mutations apply only under the policy that has them on
+        assert ("training-same-rack", "off", "skip") in hushed[3]
+        assert ("training-same-rack", "off", "skip") not in loud[3]
+
+
+def test_the_plan_follows_the_namespace_mode() -> None:
+    """The same policy in another enforcement mode: actions capped by the mode, each review its own."""
+    pod = corpus_pod(from_mutated_template=False)
+    for _ in range(2):
+        enforce = _verdict(pod, POLICY, {"gpu-admission.io/enforcement": "enforce"})
+        warn = _verdict(pod, POLICY, {"gpu-admission.io/enforcement": "warn"})
+        audit = _verdict(pod, POLICY, {"gpu-admission.io/enforcement": "audit"})
+        assert "enforce" in {a for _, a, _ in enforce[3]}
+        assert {a for _, a, _ in warn[3]} - {"mutate"} == {"warn"}
+        assert {a for _, a, _ in audit[3]} - {"mutate"} == {"audit"}
+
+
+def test_the_plan_follows_the_registries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Swapping the rule registry (as tests do) is seen by the next review under the same policy."""
+    from policies import engine
+
+    pod = corpus_pod()
+    rules = engine.RULES
+    before = _verdict(pod, POLICY)
+    monkeypatch.setattr(engine, "RULES", rules[:1])
+    after = _verdict(pod, POLICY)
+    assert [x[0] for x in before[3] if x[1] != "mutate"] == [r.id for r in rules]
+    assert [x[0] for x in after[3] if x[1] != "mutate"] == [rules[0].id]
+
+
+def corpus_pod(from_mutated_template: bool = True) -> dict[str, Any]:
+    from tests.bench import corpus
+
+    return corpus.training_pod(from_mutated_template=from_mutated_template)
