@@ -15,6 +15,7 @@ import copy
 import datetime
 from typing import Any
 
+import jsonpatch
 import pytest
 import yaml
 from hypothesis import given
@@ -393,6 +394,58 @@ def test_managed_fields_are_shared_never_patched_and_keep_their_place() -> None:
     assert not any(op["path"].startswith("/metadata/managedFields") for op in r.patch)
     assert r.object["metadata"]["managedFields"] == before["metadata"]["managedFields"]
     assert list(r.object["metadata"]) == list(before["metadata"])
+
+
+SHARED_FIELDS = {
+    "env": [{"name": "RANK", "value": "1"}],
+    "envFrom": [{"configMapRef": {"name": "c"}}],
+    "volumeMounts": [{"name": "v", "mountPath": "/v"}],
+    "command": ["torchrun"],
+    "args": ["--x"],
+    "ports": [{"containerPort": 80}],
+    "readinessProbe": {"httpGet": {"port": 80}},
+}
+
+
+def _with_shared_fields(pod: dict[str, Any]) -> dict[str, Any]:
+    pod = copy.deepcopy(pod)
+    spec = pod.get("spec")
+    if isinstance(spec, dict):
+        spec.setdefault("volumes", [{"name": "v", "emptyDir": {}}])
+        for key in ("initContainers", "containers"):
+            for c in spec.get(key) if isinstance(spec.get(key), list) else []:
+                if isinstance(c, dict):
+                    for field, value in SHARED_FIELDS.items():
+                        c.setdefault(field, copy.deepcopy(value))
+    return pod
+
+
+POD_CASES = [
+    pytest.param(path, id=golden.case_id(path))
+    for path in golden.case_files()
+    if isinstance(golden.load_case(path).get("input"), dict) and golden.load_case(path)["input"].get("kind") == "Pod"
+]
+
+
+@pytest.mark.parametrize("path", POD_CASES)
+def test_no_mutation_reaches_into_the_fields_the_copy_shares(path: Any) -> None:
+    """engine._copy shares a Pod's env, volumes, mounts, command, ports and probes with the input (no mutation
+    edits them): on every golden Pod, with all of them present, the input stays untouched, the patch names
+    none of them and gives the mutated object, and the object keeps every mapping's key order."""
+    case = golden.load_case(path)
+    pod = _with_shared_fields(case["input"])
+    before = copy.deepcopy(pod)
+    r, *_ = golden.run_case(case, pod)
+    assert pod == before
+    shared = (*SHARED_FIELDS, "volumes")
+    assert not [op["path"] for op in r.patch if any(f"/{f}" in op["path"] for f in shared)]
+    assert jsonpatch.apply_patch(copy.deepcopy(before), copy.deepcopy(list(r.patch))) == r.object
+    spec = pod.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("containers"), list):
+        for c_in, c_out in zip(spec["containers"], r.object["spec"]["containers"], strict=True):
+            if isinstance(c_in, dict):
+                assert c_out["env"] is c_in["env"] and [k for k in c_out if k in c_in] == list(c_in)
+        assert [k for k in r.object["spec"] if k in spec] == list(spec)  # mutations add keys at the end
 
 
 # --- the engine's plan per policy and enforcement mode --------------------------------------------------
