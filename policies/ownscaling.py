@@ -43,8 +43,13 @@ def _ray_groups(kind: str, obj: Json, gpu_roles: Collection[str]) -> list[tuple[
     return out
 
 
+WARM_KINDS = frozenset({"InferenceService", "LLMInferenceService", "RayService"})  # inference that scales itself
+
+
 def warm_minimums(kind: str, obj: Json, gpu_roles: Collection[str]) -> list[tuple[str, int]]:
     """(field, minimum) of every autoscaling minimum the object sets for its GPU pods itself."""
+    if kind not in WARM_KINDS:
+        return []
     spec = _dict(obj.get("spec"))
     if kind == "InferenceService":
         # KServe defaults minReplicas to 1; a multi-node predictor's workers follow it.

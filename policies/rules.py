@@ -375,6 +375,8 @@ def inference_warm_pool(s: Subject) -> list[Violation]:
 
 
 def _own_warm_pool(s: Subject) -> list[Violation]:
+    if s.kind not in ownscaling.WARM_KINDS:
+        return []
     roles = {p.template.role for p in s.gpu_pods if p.workload == "inference"}
     for field, minimum in ownscaling.warm_minimums(s.kind, s.obj, roles):
         if minimum < s.policy.warm_pool:
