@@ -289,7 +289,11 @@ def training_queue_priority(s: Subject) -> list[Violation]:
 def _controller_owned(obj: Json) -> bool:
     meta = obj.get("metadata")
     owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
-    return isinstance(owners, list) and any(isinstance(o, dict) and o.get("controller") is True for o in owners)
+    if isinstance(owners, list):
+        for o in owners:  # (a loop, not any(): every controller-made pod is asked)
+            if isinstance(o, dict) and o.get("controller") is True:
+                return True
+    return False
 
 
 def _pinned_shared(s: Subject, p: Pod) -> bool:
@@ -415,7 +419,8 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
     requests == limits."""
     inv = s.inventory
     for p in s.gpu_pods:
-        for c in p.ask.containers:
+        ask = p.ask
+        for c in ask.containers:
             if c.unparsable:
                 return [
                     Violation(
@@ -439,7 +444,7 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
                 ]
         if inv.empty:
             continue
-        whole = p.ask.whole_gpus
+        whole = ask.whole_gpus
         # A time-sliced / MPS node advertises replicas x GPUs units of nvidia.com/gpu: they are shares, not
         # GPUs, and more than one share gives nothing (shared-gpu-single). Count such a node as one.
         largest = inv.largest_gpu_units
@@ -450,18 +455,18 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
                     "split the job into more pods (one node's worth each)",
                 )
             ]
-        for name in sorted(n for n in p.ask.resource_names() if is_mig(n)):
+        for name in sorted(n for n in ask.resource_names() if is_mig(n)):
             if not inv.offers(name):
                 offered = sorted(r for r in inv.resources if is_mig(r))
                 hint = f"; offered: {', '.join(offered[:4])}" if offered else ""
-                claimed = any(name in c.claimed for c in p.ask.containers)
+                claimed = any(name in c.claimed for c in ask.containers)
                 fix = (
                     "select an offered profile in the claim (device.attributes['gpu.nvidia.com'].profile)"
                     if claimed
                     else "use gpu-admission.io/gpu-memory to get the matching slice"
                 )
                 return [Violation(f"no GPU in the cluster offers {name}{hint}", fix)]
-        for a in p.ask.claim_asks():
+        for a in ask.claim_asks():
             if a.memory is not None and inv.max_memory_bytes and a.memory > inv.max_memory_bytes:
                 return [
                     Violation(
@@ -470,11 +475,12 @@ def gpu_request_fits(s: Subject) -> list[Violation]:
                         "lower the memory in the claim's CEL selector or ask for more GPUs",
                     )
                 ]
-        ask = p.keys.gpu_memory
-        if ask is not None and ask > inv.max_memory_bytes:
+        memory = p.keys.gpu_memory
+        if memory is not None and memory > inv.max_memory_bytes:
+            most = format_bytes(inv.max_memory_bytes)
             return [
                 Violation(
-                    f"gpu-memory {format_bytes(ask)} is more than any GPU has ({format_bytes(inv.max_memory_bytes)})",
+                    f"gpu-memory {format_bytes(memory)} is more than any GPU has ({most})",
                     "ask for less memory or whole GPUs",
                 )
             ]
