@@ -77,6 +77,8 @@ def _path(parent: Any, *keys: str, leaf: type = dict) -> Any:
 
 def add_node_expressions(pod: Json, exprs: tuple[Json, ...] | list[Json]) -> bool:
     """AND the expressions into every required nodeSelectorTerm (creating one term when there are none)."""
+    if _has_node_expressions(pod, exprs):
+        return False  # the common case (a pod of a mutated template), read without creating anything
     spec = child(pod, "spec")
     terms = _path(
         spec,
@@ -104,6 +106,18 @@ def add_node_expressions(pod: Json, exprs: tuple[Json, ...] | list[Json]) -> boo
                 existing.append(clone(e))
                 changed = True
     return changed
+
+
+def _has_node_expressions(pod: Json, exprs: tuple[Json, ...] | list[Json]) -> bool:
+    """Every required nodeSelectorTerm (at least one) already has every expression."""
+    terms = required_terms(pod)
+    if not terms:
+        return False
+    for term in terms:
+        existing = term.get("matchExpressions") if isinstance(term, dict) else None
+        if not isinstance(existing, list) or any(e not in existing for e in exprs):
+            return False
+    return True
 
 
 def _add_to_list(pod: Json, keys: tuple[str, ...], item: Json) -> bool:
