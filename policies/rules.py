@@ -221,7 +221,7 @@ def _elastic_signal(s: Subject) -> str | None:
             if not isinstance(env, list):
                 continue
             for e in env:  # (every pod of a training operator has a dozen or more: the loop is kept plain)
-                if type(e) is dict and e.get("name") == "PET_NNODES" and isinstance(e.get("value"), str):
+                if isinstance(e, dict) and e.get("name") == "PET_NNODES" and isinstance(e.get("value"), str):
                     lo_s, _, hi_s = e["value"].partition(":")
                     if lo_s.isdigit() and hi_s.isdigit() and int(lo_s) < int(hi_s):
                         return f"PET_NNODES={e['value']} lets the job shrink"
