@@ -54,7 +54,7 @@ NONE = UserKeys()  # what most objects carry: none of our keys (frozen, so share
 def _mentions(obj: Any) -> bool:
     for section in ("labels", "annotations"):
         for key in _meta(obj, section):
-            if isinstance(key, str) and key.startswith(PREFIX):
+            if isinstance(key, str) and key.startswith(PREFIX) and key != NATIVE_EXCEPTED:
                 return True
     return False
 
