@@ -11,6 +11,12 @@ half-written policies, and the audit log renamed (logrotate) or its directory re
 Pass: the server never exits, its peak RSS (VmHWM) stays within the Deployment's 256 MiB, and the p99 of
 legitimate reviews stays within 5 ms (on a shared machine the latency is the machine's too: the figures
 are printed with the load average). JSON: out/bench/soak.json.
+
+To find which abuse costs the legitimate reviews their latency: `--only bodies,header` runs those kinds alone
+(`--only none`: the legitimate load alone), `--minutes 1` a short run (JSON: out/bench/soak-<kinds>.json).
+`--variant stall-log` (tests/bench/variants.py) makes the server log its event-loop stalls, garbage
+collections and policy reloads, summarised under "stalls"; `--server-tree DIR` runs the server from another
+checkout (an A/B of a change in the same window).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 import httpx
 import orjson
 
-from tests.bench import common, driver, server
+from tests.bench import common, driver, server, variants
 from tests.serverproc import ServerProcess, review
 
 RSS_LIMIT_MIB = 256
@@ -175,6 +181,62 @@ class Soak:
             self.count("audit: rotated")
 
 
+# Abuse kind -> (seconds between rounds, method name); `idle` runs continuously in a thread of its own.
+KINDS = {
+    "deep": (0.5, "deep"),
+    "garbage": (0.2, "garbage"),
+    "pipeline": (10, "pipeline"),
+    "bodies": (15, "bodies"),
+    "header": (10, "header"),
+    "idle": (0, "idle"),
+    "policy": (5, "policy"),
+    "audit": (20, "audit"),
+}
+
+
+# What the load generator's summary says of the legitimate reviews: error_samples is the first message of each
+# error class (what the client saw), connections the TCP connections it had to dial.
+LOADGEN_KEYS = ("achieved_rate", "ok", "errors", "error_samples", "latency_ms", "connections", "dispatch_lag_ms")
+
+
+def kinds_of(text: str) -> list[str]:
+    """`--only`: a comma-separated list of KINDS, `all`, or `none` (the legitimate load alone)."""
+    if text == "all":
+        return list(KINDS)
+    if text == "none":
+        return []
+    kinds = [k for k in text.split(",") if k]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"unknown abuse kind {unknown[0] if unknown else text!r} "
+                                         f"(known: {', '.join(KINDS)}, all, none)")  # fmt: skip
+    return kinds
+
+
+def stalls(log: str) -> dict[str, Any]:
+    """The `--variant stall-log` probe lines of the server's log, summarised: per probe, how many events
+    and their milliseconds (total, max, how many >= 10 ms); the 10 longest loop stalls with the probe events
+    of the second before each."""
+    events = []
+    for line in log.splitlines():
+        if line.startswith('{"probe"'):
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+    out: dict[str, Any] = {}
+    for name in sorted({e["probe"] for e in events}):
+        ms = [e["ms"] for e in events if e["probe"] == name]
+        out[name] = {"n": len(ms), "total_ms": round(sum(ms), 1), "max_ms": round(max(ms), 1),
+                     "n_10ms": sum(m >= 10 for m in ms)}  # fmt: skip
+    lags = sorted((e for e in events if e["probe"] == "lag"), key=lambda e: -e["ms"])[:10]
+    out["longest_lags"] = [
+        {"ms": round(lag["ms"], 1), "before": [f"{e['probe']}{'/' + str(e['gen']) if 'gen' in e else ''} "
+                                               f"{e['ms']:.1f} ms" for e in events
+                                               if e["probe"] != "lag" and 0 <= lag["t"] - e["t"] <= 1.0]}
+        for lag in lags
+    ]  # fmt: skip
+    return out
+
+
 def metrics(srv: ServerProcess) -> dict[str, float]:
     with srv.client(timeout=10) as c:
         text = c.get("/metrics").text
@@ -190,17 +252,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--rate", type=int, default=500)
+    ap.add_argument("--only", type=kinds_of, default=list(KINDS), metavar="KINDS",
+                    help=f"abuse kinds, comma-separated ({', '.join(KINDS)}; all, none); default all")  # fmt: skip
+    ap.add_argument("--variant", default="", help="server experiments of tests/bench/variants.py, a+b")
+    ap.add_argument("--server-tree", type=Path, metavar="DIR", help="run the server from this source tree")
     ns = ap.parse_args()
     driver.build()
     work = Path(tempfile.mkdtemp(prefix="gpu-admission-soak-"))
     (work / "policy.yaml").write_text(POLICIES[0])
-    srv = ServerProcess("--policy", str(work / "policy.yaml"), "--audit-file", str(work / "audit" / "audit.log"))
+    env = variants.env_for(ns.variant, root=ns.server_tree) if ns.variant or ns.server_tree else None
+    srv = ServerProcess(
+        "--policy", str(work / "policy.yaml"), "--audit-file", str(work / "audit" / "audit.log"), env=env
+    )
     stop = threading.Event()
     soak = Soak(srv, work, stop)
-    schedules = [(0.5, soak.deep), (0.2, soak.garbage), (10, soak.pipeline), (15, soak.bodies), (10, soak.header),
-                 (5, soak.policy), (20, soak.audit)]  # fmt: skip
-    threads = [threading.Thread(target=soak.every, args=s, daemon=True) for s in schedules]
-    threads.append(threading.Thread(target=soak.idle, daemon=True))
+    threads = [
+        threading.Thread(target=soak.every, args=(KINDS[k][0], getattr(soak, KINDS[k][1])), daemon=True)
+        for k in ns.only
+        if k != "idle"
+    ]
+    if "idle" in ns.only:
+        threads.append(threading.Thread(target=soak.idle, daemon=True))
     rss: list[float] = []
 
     def sample() -> None:
@@ -211,7 +283,11 @@ def main() -> int:
 
     threads.append(threading.Thread(target=sample, daemon=True))
     bodies = server.write_bodies(work)
-    common.say(f"soak: {ns.minutes:g} min, legitimate reviews at {ns.rate}/s, the abuse of issue #14 beside them")
+    common.say(
+        f"soak: {ns.minutes:g} min, legitimate reviews at {ns.rate}/s beside the abuse: {','.join(ns.only) or 'none'}"
+        f" (server pid {srv.proc.pid}{', variant ' + ns.variant if ns.variant else ''}"
+        f"{', tree ' + str(ns.server_tree) if ns.server_tree else ''})"
+    )
     for t in threads:
         t.start()
     started = time.monotonic()
@@ -226,22 +302,26 @@ def main() -> int:
     alive = srv.proc.poll() is None
     peak = srv.memory_mib()[1] if alive else float("nan")
     counters = metrics(srv) if alive else {}
-    log_tail = srv.log_tail(100_000)
+    log_tail = srv.log_tail(10**9)  # the whole log
     srv.stop()
     result = {
         "machine": common.machine(),
         "minutes": ns.minutes,
+        "abuse_kinds": ns.only,
+        "variant": ns.variant,
+        "server_tree": str(ns.server_tree or ""),
         "elapsed_s": round(time.monotonic() - started, 1),
         "alive": alive,
-        "legitimate": {k: res.get(k) for k in ("achieved_rate", "ok", "errors", "latency_ms")},
+        "legitimate": {k: res.get(k) for k in LOADGEN_KEYS},
         "rss_mib": {"peak": peak, "median": sorted(rss)[len(rss) // 2] if rss else None, "samples": len(rss)},
         "abuse": dict(sorted(soak.outcomes.items())),
         "counters": {k: v for k, v in counters.items() if "closed" in k or "bad_requests" in k or "reload" in k
                      or "audit_records" in k or "cert" in k},
         "tracebacks": log_tail.count("Traceback"),
+        "stalls": stalls(log_tail) if "stall-log" in ns.variant else None,
         "loadavg": common.loadavg(),
     }  # fmt: skip
-    out = common.OUT_DIR / "soak.json"
+    out = common.OUT_DIR / ("soak.json" if ns.only == list(KINDS) else f"soak-{'-'.join(ns.only) or 'none'}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     p99 = (res.get("latency_ms") or {}).get("p99", float("nan"))

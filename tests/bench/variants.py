@@ -55,6 +55,45 @@ _guard.guarded_protocol = lambda limits, on_close=None: _transport.CoalescingHtt
 import webhook.admission as _admission
 _admission.json_bytes_too_deep = lambda raw, limit=100: False
 """,
+    # Not an experiment, a probe (tests/soak.py summarises it): JSON lines on stderr for each event-loop stall of
+    # 10 ms or more (a 5 ms ticker's lateness), each garbage collection of 1 ms or more (generation, thread),
+    # and each policy load and malloc_trim, with their milliseconds and wall time.
+    "stall-log": """
+import asyncio as _asyncio, gc as _gc, sys as _sys, threading as _threading, time as _time
+import uvicorn as _uvicorn
+import webhook.state as _state
+def _probe(name, ms, **more):
+    extra = "".join(',"%s":%s' % (k, v if isinstance(v, int) else '"%s"' % v) for k, v in more.items())
+    _sys.stderr.write('{"probe":"%s","ms":%.2f,"t":%.3f%s}\\n' % (name, ms, _time.time(), extra))
+_gc_started = [0.0]
+def _gc_probe(phase, info):
+    if phase == "start":
+        _gc_started[0] = _time.perf_counter()
+    elif (ms := (_time.perf_counter() - _gc_started[0]) * 1000) >= 1:
+        _probe("gc", ms, gen=info["generation"], thread=_threading.current_thread().name)
+_gc.callbacks.append(_gc_probe)
+def _timed(name, fn):
+    def timed(*a, **k):
+        t = _time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            _probe(name, (_time.perf_counter() - t) * 1000)
+    return timed
+_state._trim = _timed("malloc_trim", _state._trim)
+_state.State.set_policy = _timed("set_policy", _state.State.set_policy)
+_startup = _uvicorn.Server.startup
+async def _probed_startup(self, sockets=None):
+    await _startup(self, sockets=sockets)
+    loop = _asyncio.get_running_loop()
+    def tick(due):
+        now = loop.time()
+        if (lag := (now - due) * 1000) >= 10:
+            _probe("lag", lag)
+        loop.call_at(now + 0.005, tick, now + 0.005)
+    loop.call_at(loop.time() + 0.005, tick, loop.time() + 0.005)
+_uvicorn.Server.startup = _probed_startup
+""",
     # The audit writer without its linger: it writes what is queued as soon as it wakes (smaller batches,
     # more wake-ups and writes).
     "audit-linger-0": """
@@ -95,13 +134,17 @@ def names(spec: str) -> list[str]:
     return parts
 
 
-def env_for(spec: str) -> dict[str, str] | None:
-    """The environment for a server process running variant `spec`, or None for the baseline."""
+def env_for(spec: str, root: Path | None = None) -> dict[str, str] | None:
+    """The environment for a server process running variant `spec`, or None for the baseline; `root`: the
+    source tree the server runs from (default this one; another checkout for an A/B of a change)."""
     parts = [p for p in names(spec) if p in SNIPPETS]
-    if not parts:
+    if not parts and root is None:
         return None
-    directory = Path(tempfile.mkdtemp(prefix="gpu-admission-variant-"))
-    (directory / "sitecustomize.py").write_text("".join(SNIPPETS[p] for p in parts))
+    paths = [str(root or ROOT), os.environ.get("PYTHONPATH", "")]
+    if parts:
+        directory = Path(tempfile.mkdtemp(prefix="gpu-admission-variant-"))
+        (directory / "sitecustomize.py").write_text("".join(SNIPPETS[p] for p in parts))
+        paths.insert(0, str(directory))
     env = os.environ.copy()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(directory), str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env
