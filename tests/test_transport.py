@@ -5,7 +5,8 @@ ones that carry response bytes. uvicorn's own httptools protocol sends two per r
 ours one. Against the real `serve` process the server's socket writes are counted too (write system calls of
 its event-loop thread, /proc/PID/task/PID/io). The edge cases (streaming, large bodies, back-pressure,
 `100 Continue`, uvicorn's own 400 and 500, `Connection: close`, keep-alive timeout, a client that goes away)
-run an in-process uvicorn with `CoalescingHttpToolsProtocol` on uvloop and on asyncio's loop.
+run an in-process uvicorn with `CoalescingHttpToolsProtocol` on uvloop and on asyncio's loop; so does the
+last test, with webhook/guard.py's protocol: a connection refused in the middle of a request is not read on.
 """
 
 from __future__ import annotations
@@ -242,15 +243,23 @@ class App:
                 raise
         elif path == "/boom":
             raise RuntimeError("boom")
+        elif path == "/refuse":  # answered without reading the body, as webhook/app.py answers a 413 or 429
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-length", b"0"), (b"connection", b"close")]})  # fmt: skip
+            await body(b"")
 
 
 @contextlib.contextmanager
-def uvicorn_server(app: App, tls: Path, loop: str, **kw: Any) -> Iterator[int]:
+def uvicorn_server(
+    app: App, tls: Path, loop: str, http: Any = CoalescingHttpToolsProtocol, rcvbuf: int = 0, **kw: Any
+) -> Iterator[int]:
+    """`rcvbuf`: a fixed receive buffer for the accepted sockets (none grows past it), so what the server
+    has not read stays within a known size."""
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
         port=free_port(),
-        http=CoalescingHttpToolsProtocol,
+        http=http,
         loop=loop,
         lifespan="off",
         log_config=None,
@@ -260,7 +269,14 @@ def uvicorn_server(app: App, tls: Path, loop: str, **kw: Any) -> Iterator[int]:
     config.load()
     config.ssl = server_ssl_context(tls)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)  # no signal handlers outside the main thread
+    sockets = None
+    if rcvbuf:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # accepted sockets inherit it
+        listener.bind(("127.0.0.1", config.port))
+        sockets = [listener]
+    # no signal handlers outside the main thread
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
@@ -422,3 +438,36 @@ def test_client_going_away_mid_response(served: Any, caplog: pytest.LogCaptureFi
     conn = connect()  # and the server goes on
     assert conn.request("GET", "/small")[1] == b"hello"
     conn.close()
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("refused", ["header line", "unread body"])
+def test_a_connection_refused_mid_request_is_not_read_any_further(tls: Path, loop: str, refused: str) -> None:
+    """A client still sending after its refusal (a 431 for a 64 MiB header line; a 413 or 429 that leaves a
+    64 MiB body unread) gets nothing more read: the server stops reading and aborts the connection after the
+    linger. A TLS close read and decrypted everything such a client sent until the abort, in the event loop
+    (issue #14's soak: loop stalls of hundreds of ms). With the server's receive buffer fixed at 256 KiB the
+    client can hand over at most that, its own send buffer (at most 4 MiB here) and what the TLS layer holds
+    (256 KiB) before its sends block: nowhere near 64 MiB within the 3 s linger."""
+    from webhook.guard import ConnectionLimits, guarded_protocol
+
+    limits = ConnectionLimits(close_linger=3.0)
+    with uvicorn_server(App(), tls, loop, http=guarded_protocol(limits), rcvbuf=256 * 1024) as port:
+        context = ssl.create_default_context(cafile=str(tls / "ca-bundle.crt"))
+        sock = context.wrap_socket(
+            socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1"
+        )
+        if refused == "header line":
+            sock.sendall(b"POST /small HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        else:
+            sock.sendall(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (64 << 20))
+        sent = 0
+        started = time.monotonic()
+        with contextlib.suppress(OSError):  # reset by the abort (or blocked until the socket timeout)
+            for _ in range(64):
+                sock.sendall(b"a" * (1 << 20))
+                sent += 1 << 20
+        ended = time.monotonic() - started
+        sock.close()
+    assert sent <= 8 << 20, f"the server read {sent >> 20} MiB after refusing the request"
+    assert ended < 9, ended  # ended by the abort after the linger, not by the client's 10 s timeout

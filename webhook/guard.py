@@ -19,7 +19,11 @@ close waits for the peer's close_notify, which an idle client never sends).
 - a cap on open connections: a new connection past `max_connections` closes the least recently active
   connection that has no request in the application (or, when every one has, the new one);
 - shutdown: connections with no request in the application are closed at once, and aborted if the TLS
-  close has not finished after `close_linger`; busy ones are closed the same way after their response.
+  close has not finished after `close_linger`; busy ones are closed the same way after their response;
+- a connection closed in the middle of a request (a 431, a 408, a 413 or 429 that left the body unread, a
+  malformed request) is not read any further: reading stops, what was written goes out, and the connection
+  is aborted after `close_linger` (`RefusingTransport`). A TLS close would read and decrypt everything the
+  peer still sends until its close_notify.
 
 A connection whose TLS handshake never completes never reaches the protocol (the loop's TLS layer calls
 `connection_made` after the handshake), so none of the above sees it: `handshake_bounded_loop` makes the
@@ -78,7 +82,41 @@ def handshake_bounded_loop(timeout: float) -> Callable[[], asyncio.AbstractEvent
 
 def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] | None = None) -> type[Any]:
     """A protocol class for `uvicorn.Config(http=...)` enforcing `limits`; `on_close(reason)` counts closes."""
-    from webhook.transport import CoalescingHttpToolsProtocol  # uvicorn: imported by `serve` only
+    from webhook.transport import CoalescingHttpToolsProtocol, CoalescingTransport  # uvicorn: `serve` only
+
+    class RefusingTransport(CoalescingTransport):
+        """`close()` in the middle of a request stops reading and aborts after the linger, instead of a TLS close.
+
+        uvloop's TLS close discards the peer's data until its close_notify, decrypting all of it with no flow
+        control: up to 32 reads of 256 KiB per connection per loop turn. In the soak (issue #14) a client still
+        streaming its 64 MiB header line after the 431, or the 36 of 40 clients of 8 MiB bodies refused with
+        429, were decrypted like that in the event loop until the linger's abort: loop turns of hundreds of
+        milliseconds. Not reading, the kernel's buffers fill and the peer's sends block; our answer, already
+        written, reaches the peer before the abort. Between requests (idle, shutdown) nothing is coming: the
+        TLS close stays."""
+
+        def __init__(self, transport: Any, loop: Any) -> None:
+            super().__init__(transport, loop)
+            self.mid_request = False  # set by the protocol: a request's head or body is being received
+            self._refusing = False
+
+        def close(self) -> None:
+            if self._refusing:
+                return
+            if not self.mid_request:
+                super().close()
+                return
+            self._refusing = True
+            self.flush()
+            self.pause_reading()
+            self._loop.call_later(limits.close_linger, self._end)
+
+        def _end(self) -> None:
+            if not self._dead:
+                self.abort()
+
+        def is_closing(self) -> bool:
+            return self._refusing or super().is_closing()
 
     # Open connections, least recently active first (dicts keep insertion order; activity re-inserts).
     registry: dict[GuardedProtocol, None] = {}
@@ -96,6 +134,8 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
         loop.call_later(interval, sweep, loop)
 
     class GuardedProtocol(CoalescingHttpToolsProtocol):
+        transport_class = RefusingTransport
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._phase = "idle"  # of the parser: idle (between requests), head, body
@@ -110,6 +150,8 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            assert isinstance(self.transport, RefusingTransport)  # made by CoalescingHttpToolsProtocol
+            self._wire = self.transport
             registry[self] = None
             if not sweeping:
                 sweeping.append(True)
@@ -151,6 +193,7 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._phase = "head"
+            self._wire.mid_request = True
             self._messages += 1
             self._head_bytes = 0
             registry.pop(self, None)
@@ -166,6 +209,7 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
         def on_message_complete(self) -> None:
             super().on_message_complete()
             self._phase = "idle"
+            self._wire.mid_request = False
             self._deadline = math.inf  # the application has it; its own deadline answers in time
 
         def on_response_complete(self) -> None:

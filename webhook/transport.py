@@ -137,9 +137,11 @@ AHEAD_KEY = "gpu_admission.ahead"
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol writing through a `CoalescingTransport`: one write per response."""
 
+    transport_class: type[CoalescingTransport] = CoalescingTransport  # webhook/guard.py closes differently
+
     def connection_made(self, transport: Any) -> None:
         # uvloop's transports are not registered as asyncio.Transport subclasses: no isinstance check here
-        super().connection_made(CoalescingTransport(transport, self.loop))
+        super().connection_made(self.transport_class(transport, self.loop))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if isinstance(self.transport, CoalescingTransport):
