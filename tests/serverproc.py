@@ -82,7 +82,10 @@ class ServerProcess:
         port: int | None = None,
         nofile: int | None = None,
         ready_timeout: float = READY_TIMEOUT,
+        cwd: Path | None = None,
     ):
+        """`cwd`: the directory `python -m webhook` runs in, which comes first on its sys.path (another source
+        tree's, with that tree on PYTHONPATH too, runs that tree's server)."""
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-srv-"))
         self.tls = tls_dir or make_certs(self.tmp / "tls")
         self.port = port or free_port()
@@ -113,6 +116,7 @@ class ServerProcess:
             stderr=self.stderr,
             env=env or os.environ.copy(),
             preexec_fn=_child_setup(nofile),
+            cwd=cwd,
         )
         self.url = f"https://127.0.0.1:{self.port}"
         self.ca = str(self.tls / "ca-bundle.crt")

@@ -262,8 +262,9 @@ def main() -> int:
     (work / "policy.yaml").write_text(POLICIES[0])
     env = variants.env_for(ns.variant, root=ns.server_tree) if ns.variant or ns.server_tree else None
     srv = ServerProcess(
-        "--policy", str(work / "policy.yaml"), "--audit-file", str(work / "audit" / "audit.log"), env=env
-    )
+        "--policy", str(work / "policy.yaml"), "--audit-file", str(work / "audit" / "audit.log"),
+        env=env, cwd=ns.server_tree,
+    )  # fmt: skip
     stop = threading.Event()
     soak = Soak(srv, work, stop)
     threads = [
