@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import socket
 import ssl
@@ -237,6 +238,13 @@ def stalls(log: str) -> dict[str, Any]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat): unlike latency, what the abuse costs the
+    server holds on a shared machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def metrics(srv: ServerProcess) -> dict[str, float]:
     with srv.client(timeout=10) as c:
         text = c.get("/metrics").text
@@ -289,6 +297,7 @@ def main() -> int:
         f" (server pid {srv.proc.pid}{', variant ' + ns.variant if ns.variant else ''}"
         f"{', tree ' + str(ns.server_tree) if ns.server_tree else ''})"
     )
+    cpu_before = cpu_seconds(srv.proc.pid)
     for t in threads:
         t.start()
     started = time.monotonic()
@@ -301,6 +310,7 @@ def main() -> int:
     finally:
         stop.set()
     alive = srv.proc.poll() is None
+    cpu = cpu_seconds(srv.proc.pid) - cpu_before if alive else float("nan")
     peak = srv.memory_mib()[1] if alive else float("nan")
     counters = metrics(srv) if alive else {}
     log_tail = srv.log_tail(10**9)  # the whole log
@@ -314,6 +324,7 @@ def main() -> int:
         "elapsed_s": round(time.monotonic() - started, 1),
         "alive": alive,
         "legitimate": {k: res.get(k) for k in LOADGEN_KEYS},
+        "server_cpu_s": round(cpu, 2),
         "rss_mib": {"peak": peak, "median": sorted(rss)[len(rss) // 2] if rss else None, "samples": len(rss)},
         "abuse": dict(sorted(soak.outcomes.items())),
         "counters": {k: v for k, v in counters.items() if "closed" in k or "bad_requests" in k or "reload" in k
