@@ -150,7 +150,7 @@ class State:
                 self._devices = dra.node_devices(slices)
             if classes:
                 self._classes = dra.classes_from_objects(classes)
-            inv = self._build(self._nodes, self._snap.policy)
+            inv = self._build(self._nodes, self._snap.policy, trim=True)  # a bulk load: see _trim
             self._snap = Snapshot(self._snap.policy, inv, self._snap.namespaces, self._snap.resolve)
             self.status.inventory_source = source
             self.status.inventory_synced = synced
@@ -168,8 +168,8 @@ class State:
             }
             self._snap = Snapshot(s.policy, s.inventory.apply(changes), s.namespaces, s.resolve)
 
-    def _build(self, nodes: Iterable[dict[str, Any]], policy: Policy) -> Inventory:
-        return _build(nodes, policy, self._devices, self._classes)
+    def _build(self, nodes: Iterable[dict[str, Any]], policy: Policy, trim: bool = False) -> Inventory:
+        return _build(nodes, policy, self._devices, self._classes, trim)
 
     def _node_objects(self) -> Iterable[dict[str, Any]]:
         refl = self._node_reflector
@@ -596,21 +596,24 @@ def _build(
     policy: Policy,
     devices: Mapping[str, dra.NodeDevices] | None = None,
     classes: dra.Classes | None = None,
+    trim: bool = False,
 ) -> Inventory:
     """A whole inventory, built with the cyclic garbage collector paused, then frozen out of it: its containers
     have no cycles (refcounting frees them), and left in the oldest generation they would make every full
-    collection scan them all, a pause of tens of milliseconds in the middle of an admission request."""
-    return _frozen(lambda: inventory_mod.build(nodes, policy, devices, classes))
+    collection scan them all, a pause of tens of milliseconds in the middle of an admission request. `trim`:
+    after a bulk load only (see _trim)."""
+    return _frozen(lambda: inventory_mod.build(nodes, policy, devices, classes), trim)
 
 
-def _frozen(build: Callable[[], Inventory]) -> Inventory:
+def _frozen(build: Callable[[], Inventory], trim: bool = True) -> Inventory:
     with gc_paused():
         inv = build()
     # Collect first: freezing would keep whatever cyclic garbage exists now forever (a paused list leaves
     # every page's HTTP response in a reference cycle; their bodies are not kept on them, see KubeClient.request).
     gc.collect()
     gc.freeze()
-    _trim()
+    if trim:
+        _trim()
     return inv
 
 
@@ -678,7 +681,12 @@ def gc_paused() -> Iterator[None]:
 
 def _trim() -> None:
     """Give the list's freed pages back to the OS (glibc keeps them otherwise: RSS would stay at the list's
-    peak). A no-op where there is no glibc."""
+    peak). A no-op where there is no glibc.
+
+    After a bulk load only (a nodes file, the first Node list), not on the rebuilds of a policy edit or a
+    DeviceClass change: malloc_trim holds glibc's arena locks while it walks the heap, and the event loop's
+    allocations wait for them (in the soak a 152 ms trim on a policy reload stalled the loop for 152 ms; it
+    released the GIL, not the locks). A rebuild frees the old inventory to pymalloc, which reuses it."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
