@@ -471,3 +471,30 @@ def test_a_connection_refused_mid_request_is_not_read_any_further(tls: Path, loo
         sock.close()
     assert sent <= 8 << 20, f"the server read {sent >> 20} MiB after refusing the request"
     assert ended < 9, ended  # ended by the abort after the linger, not by the client's 10 s timeout
+
+
+def test_a_request_sent_to_an_idle_connection_during_a_loop_stall_is_answered(tls: Path) -> None:
+    """After a stall in a read callback, uvloop runs its timers before it polls again: a connection idle past
+    the idle timeout by then may already hold the client's next request in its socket. Closing it then lost
+    that request and the client saw EOF (the soak's `transport` errors, after the stalls of the bodies abuse).
+    The guard leaves a connection with unread bytes open, and uvicorn's own keep-alive timer closes nothing."""
+    from webhook.guard import ConnectionLimits, guarded_protocol
+
+    guarded = guarded_protocol(ConnectionLimits(idle_timeout=1.0))
+
+    class Stalling(guarded):  # type: ignore[misc, valid-type]
+        def data_received(self, data: bytes) -> None:
+            if b"/stall" in data:
+                time.sleep(2.0)  # a read callback that holds the loop, as decrypting a flood did
+            super().data_received(data)
+
+    with uvicorn_server(App(), tls, "uvloop", http=Stalling, timeout_keep_alive=1) as port:
+        ca = str(tls / "ca-bundle.crt")
+        conn, staller = TLSConn(port, ca), TLSConn(port, ca)
+        assert conn.request("GET", "/small")[1] == b"hello"  # conn is idle from now on
+        staller.send_request("GET", "/stall")  # the loop stalls 2 s from about now
+        time.sleep(0.5)
+        conn.send_request("GET", "/small")  # waits in the socket until the loop wakes, 2 s into conn's idleness
+        assert conn.response()[1] == b"hello"
+        conn.close()
+        staller.close()

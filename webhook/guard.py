@@ -13,7 +13,11 @@ close waits for the peer's close_notify, which an idle client never sends).
   get 431 and the connection is closed (the count may run one read past the limit, never more);
 - a header timeout (first byte of a request to the end of its headers) and a body timeout (end of headers to
   the last body byte): 408 and close; a stalled body also holds bytes of the in-flight budget (webhook/app.py);
-- an idle timeout: a connection with no request in progress (a fresh connection too) is closed;
+- an idle timeout: a connection with no request in progress (a fresh connection too) is closed, by the
+  sweep only (uvicorn's own keep-alive timer is off: its closes were not counted) and never while bytes
+  wait unread in its socket: timers run before the loop reads, so after a stall a connection idle "too
+  long" may already hold the client's next request, and closing it then lost that request (the client saw
+  EOF: the soak's `transport` errors);
 - back-pressure on pipelining: reading stays paused while a queued request waits, so a client cannot queue
   more than one read's worth of requests;
 - a cap on open connections: a new connection past `max_connections` closes the least recently active
@@ -41,7 +45,10 @@ the server's CPU per review (tests/bench/hardening.py).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import math
+import sys
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +85,18 @@ def handshake_bounded_loop(timeout: float) -> Callable[[], asyncio.AbstractEvent
             return await super().create_server(*args, **kwargs)
 
     return HandshakeBoundedLoop
+
+
+def _unread(transport: Any) -> bool:
+    """Whether bytes wait unread in the connection's socket (a request sent during a loop stall)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        count = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return False
+    return int.from_bytes(count, sys.byteorder) > 0
 
 
 def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] | None = None) -> type[Any]:
@@ -247,8 +266,15 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
                 self._refuse(408, why, "header-timeout")
             elif self._phase == "body":
                 self._refuse(408, f"request body not received within {limits.body_timeout:g}s", "body-timeout")
-            elif not self._busy():
+            elif self._busy():
+                pass
+            elif _unread(self.transport):
+                self._deadline = self.loop.time() + limits.idle_timeout  # read this turn: no longer idle
+            else:
                 self._close("idle-timeout")
+
+        def timeout_keep_alive_handler(self) -> None:
+            """uvicorn's keep-alive timer: off, the sweep closes idle connections (see the module docstring)."""
 
         def _refuse(self, status: int, message: str, reason: str) -> None:
             """Answer with one JSON line and close: the client learns why instead of seeing a reset."""
