@@ -216,8 +216,8 @@ def kinds_of(text: str) -> list[str]:
 
 def stalls(log: str) -> dict[str, Any]:
     """The `--variant stall-log` probe lines of the server's log, summarised: per probe, how many events
-    and their milliseconds (total, max, how many >= 10 ms); the 10 longest loop stalls with the probe events
-    of the second before each."""
+    and their milliseconds (total, max, how many >= 10 ms); the 10 longest loop stalls (lag or busy) with the
+    probe events of the second before each."""
     events = []
     for line in log.splitlines():
         if line.startswith('{"probe"'):
@@ -228,11 +228,12 @@ def stalls(log: str) -> dict[str, Any]:
         ms = [e["ms"] for e in events if e["probe"] == name]
         out[name] = {"n": len(ms), "total_ms": round(sum(ms), 1), "max_ms": round(max(ms), 1),
                      "n_10ms": sum(m >= 10 for m in ms)}  # fmt: skip
-    lags = sorted((e for e in events if e["probe"] == "lag"), key=lambda e: -e["ms"])[:10]
+    lags = sorted((e for e in events if e["probe"] in ("lag", "busy")), key=lambda e: -e["ms"])[:10]
     out["longest_lags"] = [
-        {"ms": round(lag["ms"], 1), "before": [f"{e['probe']}{'/' + str(e['gen']) if 'gen' in e else ''} "
-                                               f"{e['ms']:.1f} ms" for e in events
-                                               if e["probe"] != "lag" and 0 <= lag["t"] - e["t"] <= 1.0]}
+        {lag["probe"]: round(lag["ms"], 1), "before": [f"{e['probe']}{'/' + str(e['gen']) if 'gen' in e else ''} "
+                                                       f"{e['ms']:.1f} ms" for e in events
+                                                       if e["probe"] not in ("lag", "busy")
+                                                       and 0 <= lag["t"] - e["t"] <= 1.0]}
         for lag in lags
     ]  # fmt: skip
     return out

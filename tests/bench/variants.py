@@ -56,8 +56,9 @@ import webhook.admission as _admission
 _admission.json_bytes_too_deep = lambda raw, limit=100: False
 """,
     # Not an experiment, a probe (tests/soak.py summarises it): JSON lines on stderr for each event-loop stall of
-    # 10 ms or more (a 5 ms ticker's lateness), each garbage collection of 1 ms or more (generation, thread),
-    # and each policy load and malloc_trim, with their milliseconds and wall time.
+    # 10 ms or more (`lag`: a 5 ms ticker's lateness, which waiting for a core on a loaded machine inflates;
+    # `busy`: the loop thread's own CPU time between two ticks, which it does not), each garbage collection of
+    # 1 ms or more (generation, thread), and each policy load and malloc_trim, with their milliseconds.
     "stall-log": """
 import asyncio as _asyncio, gc as _gc, sys as _sys, threading as _threading, time as _time
 import uvicorn as _uvicorn
@@ -86,10 +87,14 @@ _startup = _uvicorn.Server.startup
 async def _probed_startup(self, sockets=None):
     await _startup(self, sockets=sockets)
     loop = _asyncio.get_running_loop()
+    cpu_at = [_time.thread_time()]
     def tick(due):
-        now = loop.time()
+        now, cpu = loop.time(), _time.thread_time()
         if (lag := (now - due) * 1000) >= 10:
             _probe("lag", lag)
+        if (busy := (cpu - cpu_at[0]) * 1000) >= 10:  # CPU of the loop thread itself: no wait for a core in it
+            _probe("busy", busy)
+        cpu_at[0] = cpu
         loop.call_at(now + 0.005, tick, now + 0.005)
     loop.call_at(loop.time() + 0.005, tick, loop.time() + 0.005)
 _uvicorn.Server.startup = _probed_startup
