@@ -93,6 +93,19 @@ def check(
     return BindVerdict(True, HARMLESS)
 
 
+def at_stake(binding: Any, inventory: Inventory, reservations: Sequence[placement.Reservation]) -> bool:
+    """Whether the Binding's node is in a domain some job holds reserved (of the reservation's topology key):
+    only a bind there could be refused, so only there is it worth waiting for the pod view to see the pod."""
+    node = target_node(binding)
+    if node is None:
+        return False
+    for key in {r.key for r in reservations}:
+        domain = grouping(inventory, inventory.all, key).static.node_domain.get(node)
+        if domain is not None and any(r.key == key and r.domain == domain for r in reservations):
+            return True
+    return False
+
+
 def _message(inv: Inventory, pod: BoundPod, node: str, harm: placement.BindHarm, seconds: float) -> str:
     level = next((lv for lv in inv.levels if lv.key == harm.key), None)
     noun = domain_text(level, inv.rack_label) if level is not None else harm.key

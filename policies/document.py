@@ -157,6 +157,10 @@ class Policy:
     # placement.whenNoDomainFits (prefer | deny) and how long a pinned job's GPUs stay reserved
     when_no_domain_fits: str = "prefer"
     reservation_seconds: float = 120.0
+    # ... and how long a reservation outlives signs that its gang will not bind soon (webhook/reservations.py):
+    # no pod of the job seen yet; pods gated or tried by no scheduler, with no bind of the job meanwhile
+    no_pods_grace_seconds: float = 15.0
+    waiting_grace_seconds: float = 30.0
     # placement.gangSchedulers: express the same-rack constraint through these instead of podAffinity
     gang_kueue: bool = False
     gang_volcano: bool = False
@@ -405,11 +409,17 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
     )
 
     pl = c.mapping(doc, "placement", "")
-    c.known(pl, ("whenNoDomainFits", "reservationSeconds", "gangSchedulers"), "placement")
+    c.known(
+        pl,
+        ("whenNoDomainFits", "reservationSeconds", "noPodsGraceSeconds", "waitingGraceSeconds", "gangSchedulers"),
+        "placement",
+    )
     when_no_fit = c.choice(pl, "whenNoDomainFits", ("prefer", "deny"), "prefer", "placement")
     reservation_seconds = c.integer(
         pl, "reservationSeconds", 120, "placement", minimum=1, maximum=MAX_RESERVATION_SECONDS
     )
+    no_pods_grace = c.integer(pl, "noPodsGraceSeconds", 15, "placement", minimum=1, maximum=MAX_RESERVATION_SECONDS)
+    waiting_grace = c.integer(pl, "waitingGraceSeconds", 30, "placement", minimum=1, maximum=MAX_RESERVATION_SECONDS)
     gang = c.mapping(pl, "gangSchedulers", "placement")
     c.known(gang, ("kueue", "volcano", "kaiTopology", "workload"), "placement.gangSchedulers")
 
@@ -439,6 +449,8 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
         document=doc,
         when_no_domain_fits=when_no_fit,
         reservation_seconds=float(reservation_seconds),
+        no_pods_grace_seconds=float(no_pods_grace),
+        waiting_grace_seconds=float(waiting_grace),
         gang_kueue=c.boolean(gang, "kueue", False, "placement.gangSchedulers"),
         gang_volcano=c.boolean(gang, "volcano", False, "placement.gangSchedulers"),
         gang_kai_topology=c.string(gang, "kaiTopology", "", "placement.gangSchedulers"),

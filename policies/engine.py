@@ -24,7 +24,7 @@ from policies.patch import JsonOp, diff
 from policies.resources import EXTENDED_PREFIX, NVIDIA_PREFIX
 from policies.rules import RULES, Rule
 from policies.subject import ReviewContext, Subject, build
-from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, effective_kind, templates
+from policies.workloads import ELASTICITY_KINDS, TEMPLATE_KINDS, Json, effective_kind, suspended, templates
 
 # Resource names that ask for a GPU: device-plugin ones, and DRA's implicit claims of a class.
 GPU_PREFIXES = (NVIDIA_PREFIX, EXTENDED_PREFIX)
@@ -60,6 +60,7 @@ class Placement:
     key: str
     domain: str
     sizes: tuple[int, ...]
+    renewed: bool = False  # the pods of a job pinned earlier that holds no reservation (later_pods_reservation)
 
 
 @dataclass(frozen=True)
@@ -438,13 +439,14 @@ def _namespace(obj: Json) -> str:
 
 def _pinned(s: Subject) -> Placement | None:
     """What the server should reserve after this review: the gang training-rack pinned by best fit, or the
-    unbound pods of a pinned job whose pod is created while the job holds no reservation."""
+    unbound pods of a pinned job whose pod is created while the job holds no reservation. Nothing for a
+    suspended workload: it makes no pod until resumed (its pods then reserve, as later pods)."""
     d = s.pinned
     job = s.job_id()
     if d is not None and job is not None and d.domain is not None and d.source == placement.BEST_FIT:
-        return Placement(job, d.key, d.domain, s.job.sizes)
+        return None if suspended(s.obj) else Placement(job, d.key, d.domain, s.job.sizes)
     again = later_pods_reservation(s, job)
-    return Placement(again.job, again.key, again.domain, again.sizes) if again is not None else None
+    return Placement(again.job, again.key, again.domain, again.sizes, renewed=True) if again is not None else None
 
 
 def _mentions_gpu(obj: Json, ctx: ReviewContext, classes: dra.Classes) -> bool:

@@ -197,6 +197,19 @@ RAY_CLUSTER_SPEC: dict[str, tuple[str | int, ...]] = {
 }
 
 
+def suspended(obj: Json) -> bool:
+    """A workload created or kept suspended, whose controller makes no pod until it is resumed (a queue such as
+    Kueue admits it): `spec.suspend` (Job, JobSet, TrainJob, RayJob) or `spec.runPolicy.suspend` (the
+    Kubeflow training operator's jobs). Never a Pod."""
+    if obj.get("kind") == "Pod":
+        return False
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return False
+    run = spec.get("runPolicy")
+    return spec.get("suspend") is True or (isinstance(run, dict) and run.get("suspend") is True)
+
+
 def ray_group_pods(wg: Json) -> int:
     """Pods of one worker group: `replicas` (else `minReplicas`, else 1) replicas of `numOfHosts` pods each; a
     suspended group has none (KubeRay deletes its pods)."""

@@ -8,6 +8,7 @@ H100 each."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import orjson
@@ -252,3 +253,53 @@ def test_the_server_does_not_judge_binds_in_a_namespace_whose_enforcement_is_off
         s = Server({"gpu-admission.io/enforcement": mode})
         _reserve(s)
         assert s.bind(_binding())["allowed"] is True, mode
+
+
+def _late_binding(name: str, node: str = "h100-small-1") -> dict[str, Any]:
+    binding = _binding(node)
+    binding["metadata"]["name"] = name
+    return binding
+
+
+def test_a_bind_of_a_pod_the_view_has_not_seen_yet_waits_for_it_briefly_and_is_then_judged() -> None:
+    """The scheduler can bind a pod a moment before the webhook's pod watch delivers it: a bind onto a reserved
+    rack waits up to BIND_VIEW_WAIT for the view, so the harmful bind is refused instead of passed unseen."""
+    from cluster.reflector import Change
+    from webhook import app as app_mod
+
+    s = Server()
+    _reserve(s)
+    view = s.state.pods
+    assert view is not None
+
+    async def bind_while_the_watch_delivers() -> tuple[int, bytes]:
+        answer = asyncio.ensure_future(s.handler(_review(_late_binding("fresh-0")), "bind", None))
+        await asyncio.sleep(0.05)
+        view.apply(Change("ADDED", "ml-research/fresh-0", None, _pending("fresh-0", 8, "late")))
+        return await answer
+
+    status, payload = asyncio.run(bind_while_the_watch_delivers())
+    response = orjson.loads(payload)["response"]
+    assert status == 200 and response["allowed"] is False, response
+    assert "binding pod ml-research/fresh-0 (8 GPUs)" in response["status"]["message"]
+    assert 'gpu_admission_bind_view_waits_total{result="seen"} 1' in s.metrics.render()
+    # never seen (a pod with no GPU, or a watch further behind): allowed after the wait, well under 2 s
+    t0 = time.monotonic()
+    assert s.bind(_late_binding("cpu-pod"))["allowed"] is True
+    waited = time.monotonic() - t0
+    assert app_mod.BIND_VIEW_WAIT <= waited < 1.0, waited
+    assert 'gpu_admission_bind_view_waits_total{result="not-seen"} 1' in s.metrics.render()
+
+
+def test_a_bind_of_an_unseen_pod_outside_every_reserved_rack_does_not_wait() -> None:
+    s = Server()
+    _reserve(s)
+    t0 = time.monotonic()
+    assert s.bind(_late_binding("cpu-pod", node="h100-big-1"))["allowed"] is True
+    assert s.bind(_late_binding("cpu-pod", node="no-such-node"))["allowed"] is True
+    assert time.monotonic() - t0 < 0.25
+    assert "gpu_admission_bind_view_waits_total" not in s.metrics.render()
+    assert bindcheck.at_stake(_binding("h100-small-2"), INV, (HELD,))
+    assert not bindcheck.at_stake(_binding("h100-big-2"), INV, (HELD,))
+    assert not bindcheck.at_stake(_binding("h100-small-2", kind="Pod"), INV, (HELD,))
+    assert not bindcheck.at_stake(_binding("h100-small-2"), INV, (Reservation(GANG, "zone", "rack-small", (8,)),))

@@ -417,7 +417,7 @@ def test_a_pinned_jobs_later_pod_reserves_the_jobs_unbound_pods_again() -> None:
     pod["spec"]["affinity"] = {
         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [pin]}}
     }
-    assert run(pod, cap).placement == Placement(jid, RACK, "rack-big", (8, 8))
+    assert run(pod, cap).placement == Placement(jid, RACK, "rack-big", (8, 8), renewed=True)
     assert run(pod, cap, (Reservation(jid, RACK, "rack-big", (8,)),)).placement is None  # still reserved
     assert run(pod, None).placement is None  # no pod view: nothing to count against
     # a bare pod of the job without the pin: training-rack joins its bound peers, and that pin is reserved too
@@ -425,7 +425,7 @@ def test_a_pinned_jobs_later_pod_reserves_the_jobs_unbound_pods_again() -> None:
     del unpinned["spec"]["affinity"]
     r = run(unpinned, cap)
     assert rack_terms(r.object)["required_racks"] == ["rack-big"]
-    assert r.placement == Placement(jid, RACK, "rack-big", (8, 8))
+    assert r.placement == Placement(jid, RACK, "rack-big", (8, 8), renewed=True)
 
 
 # --- the pod view ------------------------------------------------------------------------------------------------

@@ -205,6 +205,11 @@ HOSTILE: list[tuple[str, str | bytes, str]] = [
         "description: x\nreservations: {job: a}\ninput: {}\nexpect: {allowed: true}\n",
         "reservations[0]: must be",
     ),
+    (
+        "bad-reserves.yaml",
+        "description: x\ninput: {}\nexpect: {allowed: true, reserves: {rack: r}}\n",
+        "expect.reserves: must be null or a mapping of domain and sizes",
+    ),
     ("no-description.yaml", "input: {}\nexpect: {allowed: true}\n", "description: required"),
     (
         "missing-nodes.yaml",

@@ -20,16 +20,19 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from cluster.pods import PodEntry
 from policies import bindcheck
 from policies import exceptions as exceptions_mod
-from policies.document import PolicyError, parse_policy_text
+from policies.document import Policy, PolicyError, parse_policy_text
 from policies.engine import EXCEPTED, Review, ReviewContext, review
 from policies.ledger import Admission, admitted_group
+from policies.placement import Reservation
 from policies.protect import DEFAULT_GROUP, enforcement_change
 from policies.resources import GPU
 from policies.userkeys import namespace_mode
 from webhook import admission
 from webhook.metrics import Metrics
+from webhook.reservations import Graces
 from webhook.state import POLICY_KEY, State
 from webhook.transport import AHEAD_KEY
 
@@ -37,6 +40,10 @@ log = logging.getLogger("gpu-admission.server")
 
 VERSION = "0.1.0"
 DEFAULT_TIMEOUT = 10.0  # the API server's default timeoutSeconds
+# A bind onto a reserved domain of a pod the pod view has not seen yet waits this long (seconds) for it, polling
+# this often: the watch usually delivers a pod before the scheduler binds it; under load it can lag a little.
+BIND_VIEW_WAIT = 0.3
+BIND_VIEW_POLL = 0.01
 MAX_TIMEOUT = 30.0
 
 
@@ -319,7 +326,7 @@ def create_app(
         if webhook == "validate" and exceptions_mod.is_exception(obj):
             return _exception_object(req, obj), None
         if webhook == "bind":
-            return _binding(req, obj, snap)  # (anything but a Binding has no target node: allowed there)
+            return await _binding(req, obj, snap)  # (anything but a Binding has no target node: allowed there)
         if obj.get("kind") == "Pod" and req.operation != "CREATE":
             return admission.response(req.uid, allowed=True), None  # pod specs are immutable after create
         ns = req.namespace or _meta(obj, "namespace")
@@ -370,7 +377,7 @@ def create_app(
         for mid in r.mutations:
             m.inc("gpu_admission_mutations_total", (("mutation", mid),))
         if r.placement is not None and r.allowed and webhook != "validate" and not req.dry_run:
-            state.reservations.record(r.placement, policy.reservation_seconds)  # a dry run reserves nothing
+            state.reservations.record(r.placement, policy.reservation_seconds, graces(policy))  # dry runs: nothing
         if webhook == "mutate":
             allowed = r.allowed  # only an internal error failing closed denies at the mutating stage
             out = admission.response(
@@ -392,7 +399,7 @@ def create_app(
             )
         return out, _record(req, webhook, r)
 
-    def _binding(req: admission.Request, obj: dict[str, Any], snap: Any) -> tuple[dict[str, Any], Any]:
+    async def _binding(req: admission.Request, obj: dict[str, Any], snap: Any) -> tuple[dict[str, Any], Any]:
         """A pod's bind (pods/binding): refused only when it takes GPUs of another job's reservation
         (policies/bindcheck.py). Never an error: whatever cannot be judged is allowed."""
         policy = snap.policy
@@ -404,7 +411,7 @@ def create_app(
             held = ()  # the namespace's pods are not judged (enforcement warn, audit or off)
         pod = None
         if held:
-            entry = state.pod_entry(ns, name)
+            entry = await _seen_pod(ns, name, obj, snap, held)
             pod = bindcheck.pod_of(ns, name, dict(entry.gpus), entry.job, GPU) if entry is not None else None
         verdict = bindcheck.check(obj, pod, snap.inventory, state.capacity(), held, policy.reservation_seconds)
         outcome = "pass" if verdict.allowed else "deny"
@@ -416,6 +423,20 @@ def create_app(
         rule = {"rule": bindcheck.RULE, "action": "enforce", "outcome": "deny", "message": verdict.message}
         rec.update(rules=[rule], policyHash=policy.hash)
         return admission.response(req.uid, allowed=False, message=verdict.message), rec
+
+    async def _seen_pod(ns: str, name: str, binding: Any, snap: Any, held: tuple[Reservation, ...]) -> PodEntry | None:
+        """The pod view's entry of the pod being bound. A pod created a moment ago may not be in the view yet
+        (its watch event on the way): when the bind could break a reservation, wait for it up to
+        BIND_VIEW_WAIT, well under the bind webhook's 2 s timeout. None: no GPU pod, or not seen in time."""
+        entry = state.pod_entry(ns, name)
+        if entry is not None or not bindcheck.at_stake(binding, snap.inventory, held):
+            return entry
+        deadline = time.monotonic() + BIND_VIEW_WAIT
+        while entry is None and time.monotonic() < deadline:
+            await asyncio.sleep(BIND_VIEW_POLL)  # other requests are served meanwhile
+            entry = state.pod_entry(ns, name)
+        m.inc("gpu_admission_bind_view_waits_total", (("result", "seen" if entry is not None else "not-seen"),))
+        return entry
 
     def _failure(
         req: admission.Request, webhook: str, mode: str, policy_hash: str, why: str
@@ -540,6 +561,11 @@ def create_app(
 
     _register_gauges(m, state, audit, cfg)
     return app
+
+
+def graces(policy: Policy) -> Graces:
+    """The policy's graces for reservations of gangs that will not bind soon (webhook/reservations.py)."""
+    return Graces(no_pods=policy.no_pods_grace_seconds, waiting=policy.waiting_grace_seconds)
 
 
 def _meta(obj: dict[str, Any], key: str) -> str:
@@ -697,6 +723,13 @@ def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) ->
         "gpu_admission_placement_reservations",
         "Jobs whose pinned domain holds GPUs reserved until their pods bind",
         lambda: [((), float(len(state.reservations)))],
+    )
+    m.gauge(
+        "gpu_admission_placement_reservations_ended_total",
+        "Reservations ended, by reason: bound (all pods bound), expired (placement.reservationSeconds), "
+        "unschedulable, gated, unscheduled (no scheduler tried its pods), no-pods (none seen), replaced, dropped",
+        lambda: [((("reason", k),), float(v)) for k, v in sorted(state.reservations.ended.items())],
+        kind="counter",
     )
     if cfg.cert_status is not None:
         status = cfg.cert_status

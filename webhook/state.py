@@ -203,7 +203,7 @@ class State:
 
     def load_pods(self, objects: list[dict[str, Any]], source: str) -> PodView:
         """A pod view from a fixed set of pods (a file): synced at once."""
-        view = PodView(pod_facts, on_bound=self.reservations.bound)
+        view = PodView(pod_facts, on_bound=self.reservations.bound, on_pending=self.reservations.pending)
         view.load({_file_key(i, obj): obj for i, obj in enumerate(objects)})  # by name: the bind check looks up
         self.pods, self.pods_source = view, source
         return view
@@ -360,7 +360,13 @@ class State:
             from policies.ledger import pod_note
 
             note = pod_note
-        view = PodView(pod_facts, on_bound=self.reservations.bound, note=note, read_claim=self._claim_held)
+        view = PodView(
+            pod_facts,
+            on_bound=self.reservations.bound,
+            note=note,
+            read_claim=self._claim_held,
+            on_pending=self.reservations.pending,  # a gang that will not bind soon ends its reservation
+        )
         on_change: Callable[[Any], None] = view.apply
         if tracker is not None:
 

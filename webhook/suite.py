@@ -68,6 +68,7 @@ EXPECT_KEYS = (
     "patch",
     "messageContains",
     "excepted",
+    "reserves",
 )
 _STRING_LISTS = ("denials", "warnings", "warningsContain", "audited", "mutations", "messageContains", "excepted")
 CASE_NOW = "2026-12-01T12:00:00Z"  # the clock of every case (`now` overrides it): exceptions expire against it
@@ -302,6 +303,9 @@ def _expect_problem(expect: Any) -> str | None:
     patch = expect.get("patch")
     if patch is not None and not (isinstance(patch, list) and all(isinstance(op, dict) for op in patch)):
         return "expect.patch: must be a list of RFC 6902 operations"
+    reserves = expect.get("reserves")
+    if reserves is not None and not (isinstance(reserves, dict) and set(reserves) <= {"domain", "sizes"}):
+        return "expect.reserves: must be null or a mapping of domain and sizes"
     return None
 
 
@@ -475,7 +479,18 @@ def compare(expect: Mapping[str, Any], r: Review) -> list[str]:
         problems.append(_diff("object", expect["object"], r.object))
     if "patch" in expect and list(r.patch) != expect["patch"]:
         problems.append(_diff("patch", expect["patch"], list(r.patch)))
+    if "reserves" in expect:
+        problems.append(_reserves(expect["reserves"], r))
     return [p for p in problems if p]
+
+
+def _reserves(want: Mapping[str, Any] | None, r: Review) -> str:
+    """What the server would reserve after this review (Review.placement): null = nothing."""
+    got = {"domain": r.placement.domain, "sizes": list(r.placement.sizes)} if r.placement is not None else None
+    if want is None or got is None:
+        return "" if want == got else f"reserves: expected {want}, got {got}"
+    wrong = {k: got[k] for k in want if want[k] != got[k]}
+    return f"reserves: expected {dict(want)}, got {got}" if wrong else ""
 
 
 def run_case(builder: Builder, case: Case) -> Outcome:
