@@ -16,7 +16,6 @@ import time
 import uuid
 from typing import Any
 
-from policies.userkeys import ENFORCEMENT
 from tests.bench import apiserver, common, corpus
 from tests.bench import peerinstall as install
 
@@ -78,11 +77,6 @@ def burst(cp: Any, configs: Any, config: str, cpus: str | None, quick: bool = Fa
     want = jobs * pods
     namespace = f"burst-{config}-{uuid.uuid4().hex[:6]}"
     cp.kubectl("create", "namespace", namespace)
-    # Our rules warn instead of deny here (the same review work; the peers do not read the label): the burst's
-    # pods are never bound (no scheduler serves them), so the placement hold (docs/policy.md) would refuse
-    # creating the later jobs' pods while the first job's reservation lives (placement.reservationSeconds, 120 s
-    # per job: 5 jobs outlasted the 600 s wait), and the burst measures admission, not placement.
-    cp.kubectl("label", "namespace", namespace, f"{ENFORCEMENT}=warn")
     pids = apiserver._pids(cp, configs)
     before = apiserver.admission_metrics(cp)
     cpu0 = apiserver._cpu(pids)

@@ -4,6 +4,7 @@ tests (tests/e2e/test_placement_e2e.py) and the placement benchmark (tests/bench
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 import uuid
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 from tests.e2e.cluster import ControlPlane, ControlPlaneError, build_binaries
-from tests.e2e.webhook import Webhook
+from tests.e2e.webhook import NAMESPACE, POLICY_CONFIGMAP, Webhook
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 RACK = "topology.kubernetes.io/rack"
@@ -100,6 +101,17 @@ def busy_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
     }
 
 
+def fill_rack(cp: ControlPlane, wh: Webhook, racks: dict[str, str], rack: str) -> str:
+    """Every node of `rack` taken whole by a pod of a namespace the webhook leaves alone; once the webhook's pod
+    view has them, the namespace."""
+    busy_ns = new_namespace(cp, "busy", {"gpu-admission.io/enforcement": "off"})
+    nodes = sorted(n for n, r in racks.items() if r == rack)
+    busy = [busy_pod(f"busy-{i}", n, 8) for i, n in enumerate(nodes)]
+    cp.kubectl("apply", "-n", busy_ns, "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": busy})
+    wait_pod_view(wh, cp)
+    return busy_ns
+
+
 def new_namespace(cp: ControlPlane, prefix: str, labels: dict[str, str] | None = None) -> str:
     name = f"{re.sub(r'[^a-z0-9-]+', '-', prefix)[:40]}-{uuid.uuid4().hex[:6]}"
     cp.kubectl("create", "namespace", name)
@@ -111,6 +123,29 @@ def new_namespace(cp: ControlPlane, prefix: str, labels: dict[str, str] | None =
 def job_pods(cp: ControlPlane, ns: str, job: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = cp.get_json("pods", "-n", ns, "-l", f"batch.kubernetes.io/job-name={job}")["items"]
     return items
+
+
+def apply_job(cp: ControlPlane, ns: str, job: dict[str, Any], pinned_to: str | None = None) -> str:
+    """Apply a Job and wait until all its pods exist (they may be held unbound); with `pinned_to`, first assert
+    that its stored template is pinned to that rack. kubectl's stderr (the warnings)."""
+    name, pods = job["metadata"]["name"], job["spec"]["parallelism"]
+    r = cp.kubectl("apply", "-n", ns, "-f", "-", input=job, check=False)
+    assert r.returncode == 0, r.stderr
+    if pinned_to is not None:
+        stored = cp.get_json("job", name, "-n", ns)["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        terms = stored["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert {"key": RACK, "operator": "In", "values": [pinned_to]} in terms[0]["matchExpressions"]
+    deadline = time.monotonic() + 30
+    while len(job_pods(cp, ns, name)) < pods and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(job_pods(cp, ns, name)) == pods
+    return r.stderr
+
+
+def gated(job: dict[str, Any]) -> dict[str, Any]:
+    """The Job with a scheduling gate on its pods (they stay unbound until it is removed: a slow scheduler)."""
+    job["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    return job
 
 
 def wait_placed(
@@ -155,22 +190,49 @@ def delete_job(cp: ControlPlane, ns: str, job: str, timeout: float = 30.0) -> No
         time.sleep(0.2)
 
 
-def pod_view_gpu_pods(wh: Webhook) -> float:
-    """The webhook's own count of GPU pods in its pod view (gpu_admission_pod_view_gpu_pods)."""
+def _metrics(wh: Webhook) -> str:
     assert wh.server is not None
     with wh.server.client() as c:
-        text = c.get("/metrics").text
-    m = re.search(r"^gpu_admission_pod_view_gpu_pods (\S+)$", text, re.M)
+        return c.get("/metrics").text
+
+
+def pod_view_gpu_pods(wh: Webhook) -> float:
+    """The webhook's own count of GPU pods in its pod view (gpu_admission_pod_view_gpu_pods)."""
+    m = re.search(r"^gpu_admission_pod_view_gpu_pods (\S+)$", _metrics(wh), re.M)
     return float(m.group(1)) if m else -1.0
 
 
 def bind_checks(wh: Webhook) -> dict[str, float]:
     """The binds the webhook judged so far, by "outcome/reason" (gpu_admission_bind_checks_total)."""
+    pattern = r'^gpu_admission_bind_checks_total\{outcome="([^"]*)",reason="([^"]*)"\} (\S+)$'
+    return {f"{outcome}/{reason}": float(n) for outcome, reason, n in re.findall(pattern, _metrics(wh), re.M)}
+
+
+def reservations_ended(wh: Webhook) -> dict[str, float]:
+    """Reservations the webhook ended so far, by reason (gpu_admission_placement_reservations_ended_total)."""
+    pattern = r'^gpu_admission_placement_reservations_ended_total\{reason="([^"]*)"\} (\S+)$'
+    return {reason: float(n) for reason, n in re.findall(pattern, _metrics(wh), re.M)}
+
+
+def set_placement(cp: ControlPlane, wh: Webhook, **fields: int) -> None:
+    """Set `placement.<field>: <seconds>` fields in the policy ConfigMap (each must be in it already) and wait
+    until the server serves that policy (its /version hash changes)."""
     assert wh.server is not None
+    text = cp.get_json("configmap", POLICY_CONFIGMAP, "-n", NAMESPACE)["data"]["policy.yaml"]
+    edited = text
+    for key, value in fields.items():
+        edited = re.sub(rf"^(  {key}:) \S+$", rf"\g<1> {value}", edited, count=1, flags=re.M)
+        assert re.search(rf"^  {key}: {value}$", edited, re.M), key
+    if edited == text:
+        return
     with wh.server.client() as c:
-        text = c.get("/metrics").text
-    found = re.findall(r'^gpu_admission_bind_checks_total\{outcome="([^"]*)",reason="([^"]*)"\} (\S+)$', text, re.M)
-    return {f"{outcome}/{reason}": float(n) for outcome, reason, n in found}
+        before = c.get("/version").json()["policyHash"]
+        patch = json.dumps({"data": {"policy.yaml": edited}})
+        cp.kubectl("patch", "configmap", POLICY_CONFIGMAP, "-n", NAMESPACE, "--type=merge", "-p", patch)
+        deadline = time.monotonic() + 60
+        while c.get("/version").json()["policyHash"] == before:
+            assert time.monotonic() < deadline, "the policy edit never took effect"
+            time.sleep(0.3)
 
 
 def wait_pod_view(wh: Webhook, cp: ControlPlane, timeout: float = 20.0) -> None:

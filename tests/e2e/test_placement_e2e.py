@@ -32,10 +32,16 @@ def racks_cp() -> Iterator[ControlPlane]:
         cp.stop()
 
 
+# The gated tests below stand in for a slow scheduler with scheduling gates, longer than the default grace
+# after which gated pods end their job's reservation (placement.waitingGraceSeconds): here it is longer.
+LONG_WAIT = 600
+
+
 @pytest.fixture(scope="module")
 def racks_webhook(racks_cp: ControlPlane) -> Iterator[Webhook]:
     wh = Webhook(racks_cp)
     try:
+        pl.set_placement(racks_cp, wh, waitingGraceSeconds=LONG_WAIT)
         yield wh
     finally:
         wh.close()
@@ -164,16 +170,7 @@ def test_pods_created_while_a_gang_is_reserved_keep_off_its_rack(
     racks = pl.node_racks(cp)
     pl.wait_pod_view(wh, cp)
     ns = pl.new_namespace(cp, "keep-off")
-    gang = pl.indexed_job("gang", 2, 8)
-    gang["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
-    r = cp.kubectl("apply", "-n", ns, "-f", "-", input=gang, check=False)
-    assert r.returncode == 0, r.stderr
-    stored = cp.get_json("job", "gang", "-n", ns)["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
-    terms = stored["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert {"key": pl.RACK, "operator": "In", "values": ["rack-small"]} in terms[0]["matchExpressions"]
-    deadline = time.monotonic() + 30
-    while len(pl.job_pods(cp, ns, "gang")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    pl.apply_job(cp, ns, pl.gated(pl.indexed_job("gang", 2, 8)), pinned_to="rack-small")
     others = []
     for i in range(4):
         pod = pl.busy_pod(f"infer-{i}", "", 4)
@@ -210,20 +207,9 @@ def test_a_pod_that_fits_only_on_a_gangs_reserved_gpus_is_held_until_the_gang_bi
     pods on rack-small and left the pinned one partly placed."""
     cp, wh = racks_cp, racks_webhook
     racks = pl.node_racks(cp)
-    busy_ns = pl.new_namespace(cp, "busy", {"gpu-admission.io/enforcement": "off"})
-    busy = [
-        pl.busy_pod(f"busy-{i}", n, 8) for i, n in enumerate(sorted(n for n, r in racks.items() if r == "rack-big"))
-    ]
-    r = cp.kubectl("apply", "-n", busy_ns, "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": busy})
-    pl.wait_pod_view(wh, cp)
+    busy_ns = pl.fill_rack(cp, wh, racks, "rack-big")
     ns = pl.new_namespace(cp, "hold")
-    gang = pl.indexed_job("gang", 2, 8)
-    gang["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
-    r = cp.kubectl("apply", "-n", ns, "-f", "-", input=gang, check=False)
-    assert r.returncode == 0, r.stderr
-    deadline = time.monotonic() + 30
-    while len(pl.job_pods(cp, ns, "gang")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    pl.apply_job(cp, ns, pl.gated(pl.indexed_job("gang", 2, 8)))
     r = cp.kubectl("apply", "-n", ns, "-f", "-", input=pl.indexed_job("late", 2, 8), check=False)
     assert r.returncode == 0 and "no rack holds the 16-GPU job now" in r.stderr, r.stderr  # admitted: prefer
     deadline = time.monotonic() + 60
@@ -261,15 +247,7 @@ def _ungate(cp: ControlPlane, ns: str, job: str) -> None:
 
 
 def _gated_job(cp: ControlPlane, ns: str, name: str, pods: int, gpus: int) -> str:
-    job = pl.indexed_job(name, pods, gpus)
-    job["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
-    r = cp.kubectl("apply", "-n", ns, "-f", "-", input=job, check=False)
-    assert r.returncode == 0, r.stderr
-    deadline = time.monotonic() + 30
-    while len(pl.job_pods(cp, ns, name)) < pods and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert len(pl.job_pods(cp, ns, name)) == pods
-    return r.stderr
+    return pl.apply_job(cp, ns, pl.gated(pl.indexed_job(name, pods, gpus)))
 
 
 def test_a_pending_pod_is_refused_the_bind_onto_a_gangs_reserved_gpus_and_the_gang_binds_whole(
@@ -285,11 +263,7 @@ def test_a_pending_pod_is_refused_the_bind_onto_a_gangs_reserved_gpus_and_the_ga
     pinned gang with no node and the first job partly placed."""
     cp, wh = racks_cp, racks_webhook
     racks = pl.node_racks(cp)
-    busy_ns = pl.new_namespace(cp, "busy", {"gpu-admission.io/enforcement": "off"})
-    big = sorted(n for n, r in racks.items() if r == "rack-big")
-    busy = [pl.busy_pod(f"busy-{i}", n, 8) for i, n in enumerate(big)]
-    cp.kubectl("apply", "-n", busy_ns, "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": busy})
-    pl.wait_pod_view(wh, cp)
+    busy_ns = pl.fill_rack(cp, wh, racks, "rack-big")
     ns = pl.new_namespace(cp, "bind")
     warned = _gated_job(cp, ns, "early", 3, 8)
     assert "no rack holds the 24-GPU job now" in warned, warned  # admitted on the prefer fallback
@@ -317,3 +291,72 @@ def test_a_pending_pod_is_refused_the_bind_onto_a_gangs_reserved_gpus_and_the_ga
     for space in (ns, busy_ns):
         cp.kubectl("delete", "pods", "--all", "-n", space, "--grace-period=0", "--force", check=False)
     pl.wait_pod_view(wh, cp)
+
+
+GRACE = 10  # placement.waitingGraceSeconds for the test below
+
+
+def _stalled_gang(cp: ControlPlane, ns: str, how: str) -> None:
+    """A 2x8 Job pinned to rack-small (rack-big is full) whose pods will not bind: the scheduler finds no node
+    for them (a CPU request no node has: the webhook counts GPUs only), a scheduling gate holds them, or they
+    name a scheduler nobody runs."""
+    gang = pl.indexed_job("stuck", 2, 8)
+    spec = gang["spec"]["template"]["spec"]
+    if how == "unschedulable":
+        spec["containers"][0]["resources"]["requests"] = {"cpu": "100000"}
+    elif how == "gated":
+        pl.gated(gang)
+    else:
+        spec["schedulerName"] = "nobody-serves-this"
+    pl.apply_job(cp, ns, gang, pinned_to="rack-small")
+
+
+@pytest.mark.parametrize(("how", "reason"), [("unschedulable", "unschedulable"), ("gated", "gated"),
+                                             ("unserved", "unscheduled")])  # fmt: skip
+def test_a_pinned_gang_that_will_not_bind_holds_the_next_job_no_longer_than_the_grace(
+    racks_cp: ControlPlane, racks_webhook: Webhook, how: str, reason: str
+) -> None:
+    """Issue #11's hole: rack-big full, a 2x8 job pinned to rack-small whose pods will not bind, then a 2x8
+    job: while the reservation lives no rack holds it (the prefer fallback), and its pods could run only on the
+    stuck gang's reserved GPUs, so the hold refuses them. The reservation ends as soon as the scheduler says
+    Unschedulable (the next job is then simply pinned to rack-small), or after placement.waitingGraceSeconds
+    for pods gated or untried by any scheduler (the next job's pods are then created by the Job controller's
+    retry); either way they bind in rack-small. Before, they waited the whole placement.reservationSeconds
+    (120 s), and such holds chained job after job."""
+    cp, wh = racks_cp, racks_webhook
+    racks = pl.node_racks(cp)
+    busy_ns = pl.fill_rack(cp, wh, racks, "rack-big")
+    pl.set_placement(cp, wh, waitingGraceSeconds=GRACE)
+    ns = pl.new_namespace(cp, f"stalled-{how}")
+    try:
+        ended = pl.reservations_ended(wh).get(reason, 0.0)
+        _stalled_gang(cp, ns, how)
+        t0 = time.monotonic()
+        r = cp.kubectl("apply", "-n", ns, "-f", "-", input=pl.indexed_job("next", 2, 8), check=False)
+        assert r.returncode == 0, r.stderr
+        if how == "unschedulable":  # the scheduler said so within a second: rack-small is free for the next job
+            assert "no rack holds" not in r.stderr, r.stderr
+        else:  # admitted on the prefer fallback, its pods held while the stuck gang's reservation lives
+            assert "no rack holds the 16-GPU job now" in r.stderr, r.stderr
+        placed = pl.wait_placed(cp, ns, "next", 2, timeout=110, settle=110)
+        took = time.monotonic() - t0
+        held = [
+            e["message"]
+            for e in cp.get_json("events", "-n", ns, "--field-selector", "reason=FailedCreate")["items"]
+            if "held until that gang binds" in e["message"]
+        ]
+        print(how, "next job bound after", round(took, 1), "s; held:", held[:1])
+        assert placed["pending"] == 0 and pl.racks_of(racks, placed["bound"]) == {"rack-small"}, placed
+        # the grace, plus the Job controller's retry of the held creation (back-off 1, 2, 4, 8, 16 s ...)
+        assert took < (5 if how == "unschedulable" else GRACE) + 40, took
+        if how != "unschedulable":
+            assert held, "the second job was never held: the test shows nothing"
+        assert pl.reservations_ended(wh).get(reason, 0.0) == ended + 1
+        assert all(not p["spec"].get("nodeName") for p in pl.job_pods(cp, ns, "stuck"))
+    finally:
+        pl.set_placement(cp, wh, waitingGraceSeconds=LONG_WAIT)
+        for job in ("stuck", "next"):
+            pl.delete_job(cp, ns, job)
+        for space in (ns, busy_ns):
+            cp.kubectl("delete", "pods", "--all", "-n", space, "--grace-period=0", "--force", check=False)
+        pl.wait_pod_view(wh, cp)

@@ -261,10 +261,7 @@ def test_workload_templates_are_mutated_and_denied_at_apply(
     }
     r = apply(cp, namespace, [bjob])
     assert r.returncode == 0, r.stderr
-    # Up to placement.reservationSeconds (120 s) + the Job controller's back-off: the templates admitted above
-    # were pinned and reserved, and no operator here ever makes their pods, so the reservation lives its whole
-    # time (the known limit in docs/policy.md, "A pod that could run only on reserved GPUs is held").
-    pods = cp.wait_for_pods(namespace, "batch.kubernetes.io/job-name=sweep", 2, scheduled=True, timeout=240)
+    pods = cp.wait_for_pods(namespace, "batch.kubernetes.io/job-name=sweep", 2, scheduled=True, timeout=60)
     racks = {cp.get_json("node", p["spec"]["nodeName"])["metadata"]["labels"].get(RACK) for p in pods}
     assert len(racks) == 1, racks
 
