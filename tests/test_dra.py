@@ -62,6 +62,7 @@ def _slice(node: str, devices: list[dict[str, Any]], driver: str = "gpu.nvidia.c
         ),
         ("device.attributes['gpu.nvidia.com'].type == 'vfio'", "d", "other", ""),
         ("device.driver == 'compute-domain.nvidia.com'", "x-channel", "channel", ""),
+        ("device.driver == 'compute-domain.nvidia.com'", "compute-domain-daemon.nvidia.com", "other", ""),
         ("device.driver == 'nic.example.com'", "e", "other", ""),
     ],
 )
@@ -69,6 +70,17 @@ def test_a_class_is_read_by_what_its_cel_selects(cel: str, name: str, kind: str,
     obj = {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": cel}}]}}
     c = dra.class_from_object(obj)
     assert c is not None and (c.kind, c.profile) == (kind, profile)
+
+
+@pytest.mark.parametrize("meta", ["not-a-mapping", {}, {"name": ""}, {"name": 5}, {"name": ["x"]}])
+def test_a_class_without_a_name_string_is_none_not_an_error(meta: Any) -> None:
+    assert dra.class_from_object({"metadata": meta, "spec": {"extendedResourceName": "example.com/gpu"}}) is None
+
+
+@pytest.mark.parametrize(("extended", "read"), [("example.com/gpu", "example.com/gpu"), (5, ""), (None, ""), ([], "")])
+def test_an_extended_resource_name_that_is_not_a_string_is_none(extended: Any, read: str) -> None:
+    c = dra.class_from_object({"metadata": {"name": "c"}, "spec": {"extendedResourceName": extended}})
+    assert c is not None and c.extended == read
 
 
 def test_classes_served_know_only_their_own_names_and_the_first_sorted_owns_an_extended_resource() -> None:
@@ -337,3 +349,40 @@ def test_any_value_anywhere_in_a_claim_gives_a_verdict(value: Any, pod_path: Any
     ask = pod_ask(pod, dra.Lookup(lookup.classes, lookup.resolve, "ml", lambda e: None if e == "x" else "bad"))
     assert all(isinstance(n, int) and n >= 0 for c in ask.containers for n in c.claimed.values())
     assert dra.node_devices([_slice("n", [value]), {"spec": value}, value]) is not None
+
+
+def test_a_builtin_class_without_a_selector_keeps_its_kind_and_only_a_gpu_class_has_a_memory_floor() -> None:
+    builtin = dra.class_from_object({"metadata": {"name": "gpu.nvidia.com"}, "spec": {}})
+    assert builtin is not None and builtin.kind == "gpu"
+    floor = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
+    mig_cel = f"device.attributes['gpu.nvidia.com'].type == 'mig' && {floor}"
+    selectors = [{"cel": {"expression": mig_cel}}]
+    mig_class = dra.class_from_object({"metadata": {"name": "m"}, "spec": {"selectors": selectors}})
+    assert mig_class is not None and (mig_class.kind, mig_class.memory) == ("mig", 0)
+
+
+def _published(devices: list[dict[str, Any]]) -> dra.NodeDevices:
+    spec = {"driver": "gpu.nvidia.com", "nodeName": "n", "devices": devices}
+    return dra.node_devices([{"kind": "ResourceSlice", "spec": spec}])["n"]
+
+
+def _dev(kind: str, memory: str | None = None, profile: str | None = None, product: str | None = None) -> Any:
+    attrs: dict[str, Any] = {"type": {"string": kind}}
+    if profile:
+        attrs["profile"] = {"string": profile}
+    if product:
+        attrs["productName"] = {"string": product}
+    caps = {"memory": {"value": memory}} if memory else {}
+    return {"name": f"{kind}-{memory}-{profile}", "attributes": attrs, "capacity": caps}
+
+
+def test_node_devices_count_every_device_and_keep_the_largest_gpu_memory() -> None:
+    two = _published([_dev("vfio"), _dev("gpu", "94Gi"), _dev("gpu", "80Gi"), _dev("mig", profile="1g.10gb"),
+                      _dev("mig", profile="1g.10gb")])  # fmt: skip
+    assert two.resources == {"nvidia.com/gpu": 2, "nvidia.com/mig-1g.10gb": 2}
+    assert two.memory_bytes == 94 * 2**30  # the largest, whatever the order
+    assert two.product == ""  # no productName published: unknown, not None
+    no_memory = _published([_dev("gpu", None, product="NVIDIA H100 80GB HBM3")])
+    assert (no_memory.memory_bytes, no_memory.product) == (0, "NVIDIA-H100-80GB-HBM3")
+    mig_only = _published([_dev("mig", profile="3g.40gb")])
+    assert mig_only.memory_bytes == 0

@@ -350,3 +350,36 @@ def test_a_resource_the_node_allocatable_names_stays_the_device_plugins() -> Non
     ]
     inv = inventory_mod.build_cluster(objs, default_policy())
     assert choose_class(inv.candidates({}), inv.classes.tiers, 30 * GIB, allow_shared=True) is None
+
+
+def test_a_node_is_as_large_as_the_memory_its_slices_publish() -> None:
+    """A card publishing more memory than its product's nominal size (94Gi on an "80GB" H100 label): the node
+    holds a gpu-memory ask up to what is published, which gpu-request-fits compares."""
+    inv = _h100("94Gi", ["80Gi"])
+    assert inv.max_memory_bytes == 94 * GIB
+    assert [n.memory_bytes for n in inv.nodes] == [94 * GIB]
+    asked = review(_pod("90Gi", "Pod"), policy=default_policy(), inventory=inv)
+    assert not [d for d in asked.denials if d.rule == "gpu-request-fits"], asked.denials
+    smaller = _h100("79Gi", ["79Gi"])  # less than nominal: the nominal size stays the node's
+    assert smaller.max_memory_bytes == 80 * GIB
+
+
+def test_whole_gpus_no_class_serves_by_name_stay_claim_only_after_their_memory_is_read() -> None:
+    """No DeviceClass maps nvidia.com/gpu (no gpu.nvidia.com class applied): the published whole GPUs are
+    reachable by claims only. An L40S (48Gi) that no generated floor fits for a 30Gi ask is then no offer at
+    all, so the 80Gi tier of the H100 is the best fit, not "leave it to gpu-slice"."""
+    objs: list[dict[str, Any]] = []
+    for name, product, memory in (("l", "NVIDIA-L40S", "48Gi"), ("h", "NVIDIA-H100-80GB-HBM3", "80Gi")):
+        objs.append(
+            {
+                "kind": "Node",
+                "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+                "status": {"allocatable": {"cpu": "8"}},
+            }
+        )
+        objs.append(_slice(name, [_device("gpu-0", "gpu", memory=memory)]))
+    objs += dra.tier_classes([_slice("x", [_device("g", "gpu", memory="80Gi")])])
+    inv = inventory_mod.build_cluster(objs, default_policy())
+    assert all(o.claim_only for n in inv.nodes for o in n.offers), [n.offers for n in inv.nodes]
+    cls = choose_class(inv.candidates({}), inv.classes.tiers, 30 * GIB, allow_shared=True)
+    assert cls is not None and cls.name == "gpu-80gi.gpu-admission.io"

@@ -113,6 +113,40 @@ def test_every_rule_and_the_mutations_are_accounted_for() -> None:
     assert off["training-elastic-shrink"] == "not generated: off in the policy"
 
 
+def test_the_report_rows_are_whole_and_in_order() -> None:
+    """`policy native --explain` prints these rows: rules first, then the two mutations, then what stays."""
+    half = " (templates; its HPA/ScaledObject half stays in the webhook)"
+    rules = [
+        ("training-queue-priority", "not generated: off in the policy"),
+        ("training-elastic-shrink", f"ValidatingAdmissionPolicy, warn{half}"),
+        ("scheduler-topology-keys", "ValidatingAdmissionPolicy, warn"),
+    ]
+    overrides = {**MUTATING, "rules": {"training-queue-priority": "off", "training-elastic-shrink": "warn"}}
+    rows = native.report(policy_for(overrides))
+    assert rows[:5] == [
+        *rules,
+        ("gpu-toleration", "MutatingAdmissionPolicy (JSONPatch)"),
+        ("scheduler-queue", "MutatingAdmissionPolicy (JSONPatch)"),
+    ]
+    assert rows[5:] == [(k, f"webhook: {v}") for k, v in native.NOT_NATIVE.items()]
+    older = "webhook: MutatingAdmissionPolicy not generated (--no-mutations: Kubernetes < 1.36)"
+    assert native.report(policy_for(overrides), mutations=False)[:5] == [
+        *rules,
+        ("gpu-toleration", older),
+        ("scheduler-queue", older),
+    ]
+    assert native.report(policy_for(None))[:5] == [
+        ("training-queue-priority", "ValidatingAdmissionPolicy, warn"),
+        ("training-elastic-shrink", f"ValidatingAdmissionPolicy, enforce{half}"),
+        ("scheduler-topology-keys", "ValidatingAdmissionPolicy, warn"),
+        ("gpu-toleration", "webhook: no gpuNodes.tolerations in the policy: nothing to add"),
+        (
+            "scheduler-queue",
+            "webhook: no training schedulerName, queue or priorityClassName in the policy: nothing to add",
+        ),
+    ]
+
+
 # --- the webhook skips what the API server judges -------------------------------------------------------------
 
 
