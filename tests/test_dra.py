@@ -386,3 +386,6 @@ def test_node_devices_count_every_device_and_keep_the_largest_gpu_memory() -> No
     assert (no_memory.memory_bytes, no_memory.product) == (0, "NVIDIA-H100-80GB-HBM3")
     mig_only = _published([_dev("mig", profile="3g.40gb")])
     assert mig_only.memory_bytes == 0
+    garbage = [{**_dev("gpu"), "capacity": "junk"}, {**_dev("gpu"), "capacity": {"memory": {"value": [1]}}},
+               {**_dev("gpu"), "capacity": {"memory": {"value": 1.5}}}]  # fmt: skip
+    assert _published(garbage).memory_bytes == 0  # unreadable capacity: no memory, never an exception
