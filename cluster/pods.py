@@ -5,9 +5,11 @@ every change costs O(1): the pod's old entry is taken out of the per-node and pe
 put in. Pods that ended (Succeeded, Failed) or were deleted free their GPUs; an unbound pod holds none yet.
 
 Memory: a cluster of 50,000 nodes runs hundreds of thousands of pods. `PodView.transform` is the pod
-Reflector's transform: a pod without GPUs is not kept at all, and a GPU pod is cached as its `PodEntry`
-(~100 bytes with its key and resourceVersion; strings shared across pods are interned: nodes, jobs,
-phases, the GPU requests) instead of its object (~3 KB cut down, 5-10 KB whole).
+Reflector's transform: a pod without GPUs is not kept at all, and a GPU pod becomes its `PodEntry`, which
+the view stores by column (cluster/podtable.py: ~60 bytes a pod, no object per pod) instead of its object
+(~3 KB cut down, 5-10 KB whole). The view is the pod Reflector's store (`State.watch_pods`), so the entries
+are kept once, not in the Reflector's dict as well; `get` and the changes the view hears rebuild entries.
+A job's counts per node are one flat tuple (`NodeCounts`).
 
 Another reader of the same watch (the post-launch ledger, webhook/ledger.py) gets its few fields without a
 watch or pod objects of its own: the view's optional `note` reader adds a small hashable value to each GPU
@@ -35,37 +37,21 @@ import itertools
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from cluster.layered import Layered
+from cluster.podtable import TERMINATED, PodTable
+from cluster.podtable import PodEntry as PodEntry  # its home before the table; callers import it from here
 from cluster.reflector import Change, object_key
-
-TERMINATED = frozenset({"Succeeded", "Failed"})
 
 # Why an unbound GPU pod of a job is not bound yet (`waiting`; PodView tells `on_pending` on each event).
 GATED = "gated"  # spec.schedulingGates (or the PodScheduled reason SchedulingGated): a controller holds it back
 UNSCHEDULABLE = "unschedulable"  # PodScheduled=False, reason Unschedulable, no node nominated: no node takes it
 UNSCHEDULED = "unscheduled"  # no PodScheduled condition (or NotReadyForScheduling): no scheduler has tried it yet
 SCHEDULING = "scheduling"  # any other PodScheduled state, or a node nominated (preemption under way)
-
-
-@dataclass(frozen=True, slots=True)
-class PodEntry:
-    node: str  # "" while unbound
-    gpus: tuple[tuple[str, int], ...]  # (resource, units requested by the pod): GPU resources, non-zero only
-    job: str | None  # job identity (namespace included), None for a pod of no job
-    phase: str = ""
-    key: str = ""  # namespace/name (the Reflector's key, the same string)
-    version: str | None = None  # metadata.resourceVersion (the Reflector compares it on a relist)
-    note: Any = None  # what the view's `note` reader keeps besides (the ledger's fields), None without one
-
-    @property
-    def holding(self) -> bool:
-        """Holds its GPUs on its node: bound and not terminated."""
-        return bool(self.node) and self.phase not in TERMINATED
 
 
 def waiting(obj: Mapping[str, Any]) -> str:
@@ -222,18 +208,18 @@ class PodView:
         self._read = read
         self._note = note  # kept in each GPU pod's entry, for the listeners of the view's changes
         self._read_claim = read_claim
-        self._claims: dict[str, PodEntry] = {}
+        self._claims = PodTable()
         # Told the job of every pod that starts holding its GPUs (bound), on the applying thread, unlocked.
         self._on_bound = on_bound
         # Told (job, `waiting`'s reason) for every event of an unbound, not terminated GPU pod of a job, from
         # `transform` (the object is at hand only there), on the applying thread, unlocked. Nothing is kept.
         self._on_pending = on_pending
         self._lock = threading.Lock()
-        self._entries: dict[str, PodEntry] = {}
+        self._entries = PodTable()  # by column: no object per pod (cluster/podtable.py)
         # Values are replaced, never edited; a snapshot reads them through views costing O(recent changes).
         self._used: Layered[str, Mapping[str, int]] = Layered()
         self._by_resource: dict[str, Layered[str, int]] = {}
-        self._jobs: Layered[str, Mapping[str, int]] = Layered()
+        self._jobs: Layered[str, NodeCounts] = Layered()
         self._log: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
         self.source = next(_SOURCES)
         self._version = 0
@@ -291,15 +277,17 @@ class PodView:
                     self._version += 1
         self._replace(self._claims, change.key, new)
 
-    def _replace(self, table: dict[str, PodEntry], key: str, new: PodEntry | None) -> PodEntry | None:
+    def _replace(self, table: PodTable, key: str, new: PodEntry | None) -> PodEntry | None:
         """Swap the entry of `key` in `table` (pods or claims) and its counts; the old entry."""
         with self._lock:
-            old = table.pop(key, None)
+            old = table.get(key)
             if old is not None:
                 self._count(old, -1)
             if new is not None:
-                table[key] = new
+                table.put(key, new)
                 self._count(new, +1)
+            elif old is not None:
+                table.remove(key)
             if old is not None or new is not None:
                 self._version += 1
         return old
@@ -322,9 +310,8 @@ class PodView:
         _set(self._used, e.node, MappingProxyType(per) if per else None)
         self._log.append((self._version + 1, e.node))
         if e.job is not None:
-            nodes = dict(self._jobs.get(e.job) or {})
-            _add(nodes, e.node, sign)
-            _set(self._jobs, e.job, MappingProxyType(nodes) if nodes else None)
+            nodes = (self._jobs.get(e.job) or _NO_COUNTS).added(e.node, sign)
+            _set(self._jobs, e.job, nodes if nodes else None)
 
     def changed_since(self, version: int) -> frozenset[str] | None:
         """Nodes whose GPUs changed after `version` (up to now), None when the log no longer reaches back."""
@@ -349,6 +336,21 @@ class PodView:
         with self._lock:
             return self._entries.get(key)
 
+    # -- as the pod Reflector's store (State.watch_pods): the view is the pod cache, no second copy ---------
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys of the pods kept now (a copy: the view may change meanwhile)."""
+        with self._lock:
+            return iter(self._entries.keys())
+
+    def entries(self) -> dict[str, PodEntry]:
+        """key -> entry of every pod kept (rebuilt from the columns: for tests and tools, not per event)."""
+        with self._lock:
+            return self._entries.entries()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def snapshot(self) -> PodSnapshot:
         snap = self._snap
         if snap is not None and snap.version == self._version:
@@ -368,6 +370,51 @@ class PodView:
             )
         self._snap = snap
         return snap
+
+
+class NodeCounts(Mapping[str, int]):
+    """node -> pods of one job bound there, immutable: one flat tuple (node, count, node, count, ...), about
+    half the bytes of a dict behind a read-only proxy (one per job: 62,500 of them at 500,000 pods). A change
+    copies the tuple: O(nodes of the job), as copying a dict was."""
+
+    __slots__ = ("_flat",)
+
+    def __init__(self, flat: tuple[Any, ...] = ()) -> None:
+        self._flat = flat
+
+    def __getitem__(self, node: str) -> int:
+        flat = self._flat
+        for i in range(0, len(flat), 2):
+            if flat[i] == node:
+                return flat[i + 1]  # type: ignore[no-any-return]
+        raise KeyError(node)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._flat[0::2])
+
+    def __len__(self) -> int:
+        return len(self._flat) // 2
+
+    def values(self) -> tuple[int, ...]:  # type: ignore[override]  # O(n), not Mapping's lookup per key
+        return self._flat[1::2]
+
+    def items(self) -> Iterator[tuple[str, int]]:  # type: ignore[override]
+        return zip(self._flat[0::2], self._flat[1::2], strict=True)
+
+    def added(self, node: str, n: int) -> NodeCounts:
+        """These counts with `n` more (or fewer) on `node`; a count that reaches 0 goes."""
+        flat = self._flat
+        for i in range(0, len(flat), 2):
+            if flat[i] == node:
+                left = flat[i + 1] + n
+                return NodeCounts(flat[:i] + flat[i + 2 :] if not left else (*flat[: i + 1], left, *flat[i + 2 :]))
+        return NodeCounts((*flat, node, n)) if n else self
+
+    def __repr__(self) -> str:
+        return f"NodeCounts({dict(self.items())!r})"
+
+
+_NO_COUNTS = NodeCounts()
 
 
 def _set(layer: Layered[str, Any], key: str, value: Any) -> None:

@@ -16,7 +16,10 @@ object is not kept, as if deleted), so whole objects never accumulate: cluster/n
 `decoders` (optional) parse list pages and watch lines instead of orjson (cluster/nodes.py: NODE_DECODERS
 skip what the transform never reads while parsing). A transform may return compact records instead of
 objects (cluster/pods.py: one small record per GPU pod); `key_of` and `version_of` then read their key and
-resourceVersion.
+resourceVersion. `store` (optional) caches in place of the Reflector's own dict: every change is applied to
+it (`Store.apply`, SYNCED included) before `on_change` hears of it, and a relist is applied to it change by
+change (the dict is swapped whole), with `synced` set once the list's changes are in (cluster/pods.PodView:
+the pod view is the pod cache, by column, with no second copy).
 
 Used for Nodes, HorizontalPodAutoscalers, KEDA ScaledObjects and the policy ConfigMap.
 """
@@ -27,9 +30,9 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from cluster.kubeclient import JSON, Decode, KubeClient, KubeError, WatchHandle
 
@@ -53,6 +56,20 @@ class Change:
 
 
 OnChange = Callable[[Change], None]
+
+
+class Store(Protocol):
+    """A cache a Reflector keeps current in place of its own dict (see the module docstring)."""
+
+    def apply(self, change: Change) -> None: ...
+
+    def get(self, key: str) -> Any: ...
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def entries(self) -> dict[str, Any]: ...
+
+    def __len__(self) -> int: ...
 
 
 def object_key(obj: JSON) -> str:
@@ -89,6 +106,7 @@ class Reflector:
         decoders: tuple[Decode, Decode] | None = None,
         key_of: Callable[[Any], str] = object_key,
         version_of: Callable[[Any], str | None] = _resource_version,
+        store: Store | None = None,
     ) -> None:
         if watch_timeout < 1:
             raise ValueError("watch_timeout must be at least 1 second")
@@ -113,7 +131,8 @@ class Reflector:
         self._watch_decode: dict[str, Any] = {"decode": decoders[1]} if decoders else {}
 
         self._lock = threading.Lock()
-        self._items: dict[str, JSON] = {}
+        self._items: dict[str, JSON] = {}  # unused with a `store`
+        self._store = store
         self._rv: str | None = None
         self._synced = threading.Event()
         self._stop = threading.Event()
@@ -136,14 +155,20 @@ class Reflector:
 
     def snapshot(self) -> dict[str, JSON]:
         """A copy of the key -> object mapping (objects shared, read-only)."""
+        if self._store is not None:
+            return self._store.entries()
         with self._lock:
             return dict(self._items)
 
     def get(self, key: str) -> JSON | None:
+        if self._store is not None:
+            return self._store.get(key)  # type: ignore[no-any-return]
         with self._lock:
             return self._items.get(key)
 
     def __len__(self) -> int:
+        if self._store is not None:
+            return len(self._store)
         with self._lock:
             return len(self._items)
 
@@ -241,24 +266,40 @@ class Reflector:
             if isinstance(item, dict) or (item is not None and self._transform is not None):
                 fresh[self._key_of(item)] = item
         rv = (listed.get("metadata") or {}).get("resourceVersion")
+        del listed
+        store = self._store
         with self._lock:
             old = self._items
-            self._items = fresh
+            if store is None:
+                self._items = fresh
             self._rv = str(rv) if rv else None
         self.lists += 1
         self._last_error = None
-        changes: list[Change] = []
-        for key, obj in fresh.items():
-            before = old.get(key)
-            if before is None:
-                changes.append(Change("ADDED", key, None, obj))
-            elif self._differs(before, obj):
-                changes.append(Change("MODIFIED", key, before, obj))
-        changes += [Change("DELETED", key, obj, None) for key, obj in old.items() if key not in fresh]
-        self._synced.set()
-        for change in changes:
+        if store is None:
+            self._synced.set()
+            gone = [(key, obj) for key, obj in old.items() if key not in fresh]
+            before: Callable[[str], Any] = old.get
+        else:
+            gone = [(key, store.get(key)) for key in store if key not in fresh]
+            before = store.get
+        # Changes made one at a time as they are applied: no list of them all (500,000 pods on a first list).
+        for change in self._diff(before, fresh, gone):
             self._emit(change)
+        self._synced.set()
         self._emit(Change("SYNCED", "", None, None))
+
+    def _diff(
+        self, before: Callable[[str], Any], fresh: dict[str, Any], gone: list[tuple[str, Any]]
+    ) -> Iterator[Change]:
+        """The changes from what was cached (`before`: key -> object or None) to a list's `fresh` contents."""
+        for key, obj in fresh.items():
+            prev = before(key)
+            if prev is None:
+                yield Change("ADDED", key, None, obj)
+            elif self._differs(prev, obj):
+                yield Change("MODIFIED", key, prev, obj)
+        for key, obj in gone:
+            yield Change("DELETED", key, obj, None)
 
     def _watch(self) -> int:
         """Watch from the current resourceVersion until the stream ends; the number of events applied."""
@@ -310,13 +351,16 @@ class Reflector:
             obj = obj if slim is None else slim
             kind = "DELETED" if skipped else kind
         change: Change | None = None
+        store = self._store
         with self._lock:
-            before = self._items.get(key)
+            before = self._items.get(key) if store is None else store.get(key)
             if kind in ("ADDED", "MODIFIED"):
-                self._items[key] = obj
+                if store is None:
+                    self._items[key] = obj
                 change = Change("ADDED" if before is None else "MODIFIED", key, before, obj)
             elif kind == "DELETED":
-                self._items.pop(key, None)
+                if store is None:
+                    self._items.pop(key, None)
                 if before is not None or not skipped:
                     change = Change("DELETED", key, before if before is not None else obj, None)
             if rv:
@@ -331,9 +375,12 @@ class Reflector:
         return bool(a != b)
 
     def _emit(self, change: Change) -> None:
-        if self._on_change is None:
-            return
-        try:
-            self._on_change(change)
-        except Exception:
-            log.exception("%s: on_change callback failed for %s %s", self.name, change.type, change.key)
+        """To the store (when there is one), then to on_change; an exception in either is logged, no more."""
+        store = self._store.apply if self._store is not None else None
+        for what, call in (("store", store), ("on_change", self._on_change)):
+            if call is None:
+                continue
+            try:
+                call(change)
+            except Exception:
+                log.exception("%s: %s failed for %s %s", self.name, what, change.type, change.key)

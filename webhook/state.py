@@ -367,23 +367,17 @@ class State:
             read_claim=self._claim_held,
             on_pending=self.reservations.pending,  # a gang that will not bind soon ends its reservation
         )
-        on_change: Callable[[Any], None] = view.apply
-        if tracker is not None:
-
-            def on_change(change: Any) -> None:
-                view.apply(change)
-                tracker.apply(change)
-
         # Terminated pods hold nothing: the API server filters them out (phase is a supported field).
         refl = Reflector(
             client,
             "/api/v1/pods",
             name="pods",
-            on_change=on_change,
+            on_change=tracker.apply if tracker is not None else None,  # after the view has the change
             field_selector="status.phase!=Succeeded,status.phase!=Failed",
-            transform=view.transform,  # the cache keeps one small PodEntry per GPU pod, nothing of the others
+            transform=view.transform,  # a GPU pod's PodEntry, nothing of the others
             key_of=_entry_key,
             version_of=_entry_version,
+            store=view,  # the view is the cache: one record per GPU pod, by column (cluster/podtable.py)
         )
         self.pods, self.pods_source = view, "watch:pods"
         self._reflectors.append(refl.start())
