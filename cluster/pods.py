@@ -6,7 +6,7 @@ put in. Pods that ended (Succeeded, Failed) or were deleted free their GPUs; an 
 
 Memory: a cluster of 50,000 nodes runs hundreds of thousands of pods. `PodView.transform` is the pod
 Reflector's transform: a pod without GPUs is not kept at all, and a GPU pod becomes its `PodEntry`, which
-the view stores by column (cluster/podtable.py: ~60 bytes a pod, no object per pod) instead of its object
+the view stores by column (cluster/podtable.py: ~70 bytes a pod, no object per pod) instead of its object
 (~3 KB cut down, 5-10 KB whole). The view is the pod Reflector's store (`State.watch_pods`), so the entries
 are kept once, not in the Reflector's dict as well; `get` and the changes the view hears rebuild entries.
 A job's counts per node are one flat tuple (`NodeCounts`).

@@ -253,12 +253,16 @@ class Reflector:
         return min(backoff * 2, self._backoff_max)
 
     def _list(self) -> None:
+        store = self._store
+        # Into an empty store (the first list) each item goes as its page is read: nothing can be gone, so
+        # nothing of the list is held (500,000 pods' entries, then a dict of them, at start-up otherwise).
+        streamed = store is not None and len(store) == 0
         listed = self._client.list_all(
             self._path,
             page_size=self._page_size,
             label_selector=self._selectors["label_selector"],
             field_selector=self._selectors["field_selector"],
-            transform=self._transform,
+            transform=self._streamed if streamed else self._transform,
             **self._list_decode,
         )
         fresh: dict[str, Any] = {}
@@ -267,7 +271,6 @@ class Reflector:
                 fresh[self._key_of(item)] = item
         rv = (listed.get("metadata") or {}).get("resourceVersion")
         del listed
-        store = self._store
         with self._lock:
             old = self._items
             if store is None:
@@ -280,13 +283,22 @@ class Reflector:
             gone = [(key, obj) for key, obj in old.items() if key not in fresh]
             before: Callable[[str], Any] = old.get
         else:
-            gone = [(key, store.get(key)) for key in store if key not in fresh]
+            gone = [] if streamed else [(key, store.get(key)) for key in store if key not in fresh]
             before = store.get
         # Changes made one at a time as they are applied: no list of them all (500,000 pods on a first list).
         for change in self._diff(before, fresh, gone):
             self._emit(change)
         self._synced.set()
         self._emit(Change("SYNCED", "", None, None))
+
+    def _streamed(self, obj: Any) -> None:
+        """list_all's transform for a list streamed into the store: the item's change, nothing kept."""
+        item = self._transform(obj) if self._transform is not None else obj
+        if item is None or (self._transform is None and not isinstance(item, dict)):
+            return
+        key = self._key_of(item)
+        for change in self._diff(self._store.get, {key: item}, []):  # type: ignore[union-attr]
+            self._emit(change)
 
     def _diff(
         self, before: Callable[[str], Any], fresh: dict[str, Any], gone: list[tuple[str, Any]]

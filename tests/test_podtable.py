@@ -164,9 +164,12 @@ class ListingClient:
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
+        self.returned: list[int] = []  # items list_all handed back, per list
 
     def list_all(self, path: str, *, transform: Callable[[Any], Any], **_: Any) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": "99"}, "items": [t for t in map(transform, self.items) if t]}
+        items = [t for t in map(transform, self.items) if t]
+        self.returned.append(len(items))
+        return {"metadata": {"resourceVersion": "99"}, "items": items}
 
 
 class Model:
@@ -209,6 +212,13 @@ class Model:
             self.set(key, None, "DELETED")
 
     def relist(self, objs: list[dict[str, Any]]) -> None:
+        if not self.entries:  # into an empty store the Reflector streams the list: item by item, nothing gone
+            for obj in objs:
+                e = self.read(obj)
+                old = self.entries.get(e.key) if e is not None else None
+                if e is not None and (old is None or self.differs(old, e)):
+                    self.set(e.key, e, "ADDED" if old is None else "MODIFIED")
+            return
         fresh: dict[str, PodEntry] = {}
         for obj in objs:
             e = self.read(obj)
@@ -218,10 +228,14 @@ class Model:
             old = self.entries.get(key)
             if old is None:
                 self.set(key, e, "ADDED")
-            elif (old.version != e.version) if old.version and e.version else old != e:
+            elif self.differs(old, e):
                 self.set(key, e, "MODIFIED")
         for key in [k for k in self.entries if k not in fresh]:
             self.set(key, None, "DELETED")
+
+    @staticmethod
+    def differs(old: PodEntry, new: PodEntry) -> bool:
+        return old.version != new.version if old.version and new.version else old != new
 
     def used(self) -> dict[str, dict[str, int]]:
         out: dict[str, Counter[str]] = {}
@@ -277,6 +291,23 @@ def test_the_view_as_the_reflectors_store_equals_the_naive_model(events: list[tu
     changes = [(c.type, c.key, c.old, c.new) for c in heard if c.type != "SYNCED"]
     assert sorted(changes, key=lambda c: (c[0], c[1])) == sorted(model.heard, key=lambda c: (c[0], c[1]))
     assert view.synced == any(kind == "LIST" for kind, _ in events)
+
+
+def test_a_first_list_into_the_store_holds_no_list_of_entries() -> None:
+    """Into the empty view each listed pod goes as its page is read: list_all hands back no items to hold; a
+    relist (the store not empty) is compared whole, and a pod gone from it is deleted."""
+    view, client = PodView(pod_facts), ListingClient()
+    refl = Reflector(client, "/api/v1/pods", transform=view.transform, key_of=_entry_key,  # type: ignore[arg-type]
+                     version_of=_entry_version, store=view)  # fmt: skip
+    pods = [{"name": f"w-{i}", "node": "n1", "gpus": 1, "claims": False, "job": "j1", "phase": "Running",
+             "rv": str(i + 1), "garbage": 1} for i in range(3)]  # fmt: skip
+    client.items = [pod_object(p) for p in pods]
+    refl._list()
+    assert client.returned == [0] and len(view) == 3 and refl.synced
+    client.items = client.items[:2]
+    refl._list()
+    assert client.returned == [0, 2] and sorted(view) == ["ml/w-0", "ml/w-1"]
+    assert view.snapshot().used_of("nvidia.com/gpu") == {"n1": 2}
 
 
 # -- memory ------------------------------------------------------------------------------------------------------
