@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -138,9 +139,71 @@ class NodeTransform:
         return out
 
 
-def same_content(old: JSON | None, new: JSON | None) -> bool:
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A cut-down Node as the node Reflector keeps it: the slim object's few fields without its four nested
+    dicts (~700 bytes a node: 33 MB at 50,000 nodes), the resource section shared by nodes with the same
+    resources. `as_object()` gives the slim object back for the inventory (its labels the same dict)."""
+
+    name: str
+    version: str | None
+    labels: dict[str, str]
+    spec: JSON | None  # the slim spec (taints, unschedulable), None without
+    status: JSON | None  # the slim status (GPU allocatable / capacity), shared, None without
+
+    def as_object(self) -> JSON:
+        meta: JSON = {"name": self.name, "labels": self.labels}
+        if self.version is not None:
+            meta["resourceVersion"] = self.version
+        out: JSON = {"metadata": meta}
+        if self.spec is not None:
+            out["spec"] = self.spec
+        if self.status is not None:
+            out["status"] = self.status
+        return out
+
+
+_STATUSES: dict[Any, JSON] = {}
+MAX_SHARED_STATUSES = 4096  # distinct resource sections kept shared (a cluster has a few dozen node shapes)
+
+
+def record(slim: JSON | None) -> NodeRecord | None:
+    """The record of a slim Node (NodeTransform's output); None for None."""
+    if slim is None:
+        return None
+    meta = slim["metadata"]
+    return NodeRecord(
+        meta["name"], meta.get("resourceVersion"), meta["labels"], slim.get("spec"), _shared(slim.get("status"))
+    )
+
+
+def _shared(status: JSON | None) -> JSON | None:
+    """One dict per distinct resource section (read-only, like every cached object)."""
+    if status is None:
+        return None
+    try:
+        key = tuple((section, tuple(sorted(values.items()))) for section, values in status.items())
+    except TypeError:  # an amount of no order or hash: kept as it is
+        return status
+    hit = _STATUSES.get(key)
+    if hit is not None:
+        return hit
+    if len(_STATUSES) < MAX_SHARED_STATUSES:
+        _STATUSES[key] = status
+    return status
+
+
+def as_object(node: JSON | NodeRecord) -> JSON:
+    """A slim Node object, from a record or as it is."""
+    return node.as_object() if isinstance(node, NodeRecord) else node
+
+
+def same_content(old: JSON | NodeRecord | None, new: JSON | NodeRecord | None) -> bool:
     """Two cut-down Nodes equal but for their resourceVersion: nothing the inventory reads has changed. Most
     Node updates are such (kubelet status: conditions, images, heartbeats; all cut away by the transform)."""
+    if isinstance(old, NodeRecord) and isinstance(new, NodeRecord):
+        return (old.name, old.labels, old.spec, old.status) == (new.name, new.labels, new.spec, new.status)
+    old, new = as_object(old) if old is not None else None, as_object(new) if new is not None else None
     if old is None or new is None or old.keys() != new.keys():
         return False
     for key, value in old.items():

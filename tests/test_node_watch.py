@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cluster.coalesce import Coalescer
-from cluster.nodes import MAX_LABELS, NodeTransform
+from cluster.nodes import MAX_LABELS, NodeTransform, record
 from policies import inventory as inventory_mod
 from policies.document import default_policy, parse_policy_text
 from tests.bench import clustergen
@@ -104,7 +104,7 @@ def test_watch_builds_then_updates_node_by_node_and_survives_hostile_nodes(
             huge = next(n for n in first.nodes if n.name == "huge-value")
             assert "topology.kubernetes.io/rack" not in huge.labels  # dropped, not kept at 1 MiB
             # Cached objects are cut down: no images, conditions or managedFields; GPU resources only.
-            cached = refl.get(names[3])
+            cached = refl.get(names[3]).as_object()  # kept as a NodeRecord: the same fields, no nested dicts
             assert cached == {
                 "metadata": {k: GOOD[3]["metadata"][k] for k in ("name", "labels", "resourceVersion")},
                 "status": {"allocatable": {"nvidia.com/gpu": "8"}},  # capacity is not read when allocatable has GPUs
@@ -113,7 +113,7 @@ def test_watch_builds_then_updates_node_by_node_and_survives_hostile_nodes(
             wait_for(lambda: names[2] not in {n.name for n in state.snapshot().inventory.nodes})
             after = state.snapshot().inventory
             assert entries(after, [names[3]]) == entries(first, [names[3]])  # its status update was never queued
-            assert refl.get(names[3])["metadata"]["resourceVersion"] == "13"  # the cache follows it all the same
+            assert refl.get(names[3]).version == "13"  # the cache follows it all the same
             assert state.node_events_unchanged == 1
             later = [moved, *copy.deepcopy(GOOD[3:])]
             assert entries(after, names) == {
@@ -187,7 +187,7 @@ def test_nodes_read_while_the_list_arrives_are_reused_only_for_the_same_object_a
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     transform = NodeTransform()
-    objs = {n["metadata"]["name"]: transform(copy.deepcopy(n)) for n in GOOD[:4]}
+    objs = {n["metadata"]["name"]: record(transform(copy.deepcopy(n))) for n in GOOD[:4]}
     names = list(objs)
     policy = default_policy()
     early = state_mod._EarlyNodes()
@@ -195,13 +195,15 @@ def test_nodes_read_while_the_list_arrives_are_reused_only_for_the_same_object_a
         early.read(obj, policy, {}, None)
     reads: list[str] = []
     real = state_mod._read_node
-    monkeypatch.setattr(state_mod, "_read_node", lambda obj, *a: reads.append(obj["metadata"]["name"]) or real(obj, *a))
+    monkeypatch.setattr(state_mod, "_read_node", lambda obj, *a: reads.append(obj.name) or real(obj, *a))
 
     inv = early.build(objs, policy, {}, None)
-    assert reads == [] and entries(inv, names) == entries(inventory_mod.build(objs.values(), policy), names)
+    plain = [o.as_object() for o in objs.values()]
+    assert reads == [] and entries(inv, names) == entries(inventory_mod.build(plain, policy), names)
 
-    relabelled = copy.deepcopy(objs[names[0]])  # a relist brought a newer object: read again
-    relabelled["metadata"]["labels"]["topology.kubernetes.io/rack"] = "rack-00009"
+    newer = copy.deepcopy(objs[names[0]].as_object())  # a relist brought a newer object: read again
+    newer["metadata"]["labels"]["topology.kubernetes.io/rack"] = "rack-00009"
+    relabelled = record(newer)
     inv = early.build({**objs, names[0]: relabelled}, policy, {}, None)
     assert reads == [names[0]] and entries(inv, names[:1])[names[0]].rack == "rack-00009"
 

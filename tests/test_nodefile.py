@@ -10,7 +10,7 @@ import orjson
 import pytest
 import yaml
 
-from cluster.nodes import NodeTransform
+from cluster.nodes import NodeRecord, NodeTransform
 from policies.document import default_policy, parse_policy_text
 from tests.bench import clustergen
 from tests.serverproc import ServerProcess
@@ -97,7 +97,8 @@ def test_set_nodes_keeps_only_the_cut_down_objects() -> None:
     state = State(default_policy())
     state.set_nodes([*NODES[:4], "not a node"], "test")
     kept = list(state._node_objects())
-    assert len(kept) == 4 and all(set(n["metadata"]) <= {"name", "labels", "resourceVersion"} for n in kept)
+    assert len(kept) == 4 and all(isinstance(n, NodeRecord) for n in kept)
+    assert all(set(n.as_object()["metadata"]) <= {"name", "labels", "resourceVersion"} for n in kept)
     assert state.node_transform.snapshot() == {"not-an-object": 1}
 
 

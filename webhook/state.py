@@ -22,7 +22,7 @@ from cluster.coalesce import Coalescer
 from cluster.dra import PATHS as DRA_PATHS
 from cluster.dra import SliceIndex, slim_slice, slim_spec
 from cluster.namespaced import IndexSnapshot, NamespacedIndex
-from cluster.nodes import NODE_DECODERS, NodeTransform, same_content
+from cluster.nodes import NODE_DECODERS, NodeRecord, NodeTransform, as_object, record, same_content
 from cluster.pods import PodEntry, PodSnapshot, PodView
 from policies import dra
 from policies import exceptions as exceptions_mod
@@ -81,8 +81,8 @@ class State:
     def __init__(self, policy: Policy | None = None) -> None:
         pol = policy or default_policy()
         self._snap = Snapshot(pol, inventory_mod.build((), pol), {}, None)
-        self._nodes: list[dict[str, Any]] = []
-        self._node_reflector: Any = None  # when watching: the Node objects (cut down by node_transform)
+        self._nodes: list[NodeRecord] = []  # from a nodes file
+        self._node_reflector: Any = None  # when watching: the Nodes (cut down by node_transform, kept as records)
         self.node_transform = NodeTransform()
         self.node_batches: Coalescer | None = None
         self.node_events_unchanged = 0  # Node events with nothing the inventory reads changed: not queued
@@ -143,9 +143,9 @@ class State:
         slices = [o for o, k in zip(nodes, kinds, strict=True) if k == "ResourceSlice"]
         classes = [o for o, k in zip(nodes, kinds, strict=True) if k == "DeviceClass"]
         others = [o for o, k in zip(nodes, kinds, strict=True) if k not in ("ResourceSlice", "DeviceClass")]
-        nodes = [slim for slim in map(self.node_transform, others) if slim is not None]
+        records = [r for r in map(record, map(self.node_transform, others)) if r is not None]
         with self._lock:
-            self._nodes = nodes
+            self._nodes = records
             if slices:
                 self._devices = dra.node_devices(slices)
             if classes:
@@ -155,7 +155,7 @@ class State:
             self.status.inventory_source = source
             self.status.inventory_synced = synced
 
-    def apply_node_changes(self, batch: dict[str, dict[str, Any] | None]) -> None:
+    def apply_node_changes(self, batch: Mapping[str, dict[str, Any] | NodeRecord | None]) -> None:
         """Node name -> its (cut-down) object, or None when deleted: only those nodes' entries change."""
         with self._lock:
             s = self._snap
@@ -163,15 +163,17 @@ class State:
             devices = self._devices
             served = self._classes.served_names if self._classes is not None else dra.BUILT_IN_EXTENDED
             changes = {
-                key: inventory_mod.node_from_object(obj, pools, devices.get(key), served) if obj is not None else None
+                key: inventory_mod.node_from_object(as_object(obj), pools, devices.get(key), served)
+                if obj is not None
+                else None
                 for key, obj in batch.items()
             }
             self._snap = Snapshot(s.policy, s.inventory.apply(changes), s.namespaces, s.resolve)
 
-    def _build(self, nodes: Iterable[dict[str, Any]], policy: Policy, trim: bool = False) -> Inventory:
+    def _build(self, nodes: Iterable[dict[str, Any] | NodeRecord], policy: Policy, trim: bool = False) -> Inventory:
         return _build(nodes, policy, self._devices, self._classes, trim)
 
-    def _node_objects(self) -> Iterable[dict[str, Any]]:
+    def _node_objects(self) -> Iterable[NodeRecord]:
         refl = self._node_reflector
         return refl.snapshot().values() if refl is not None else self._nodes
 
@@ -306,17 +308,19 @@ class State:
             if not built.is_set():
                 startup.__exit__(None, None, None)  # before _build collects: the list left cyclic garbage
                 with self._lock:
-                    inv = _frozen(lambda: early.build(refl.snapshot(), self._snap.policy, self._devices, self._classes))
+                    records: dict[str, Any] = refl.snapshot()
+                    inv = _frozen(lambda: early.build(records, self._snap.policy, self._devices, self._classes))
+                    del records
                     self._snap = Snapshot(self._snap.policy, inv, self._snap.namespaces, self._snap.resolve)
                 built.set()
                 early.clear()
             self.status.inventory_synced = True
 
-        def transform(obj: Any) -> dict[str, Any] | None:
-            slim = self.node_transform(obj)
-            if slim is not None and not built.is_set():  # read while the next list page is on its way
-                early.read(slim, self._snap.policy, self._devices, self._classes)
-            return slim
+        def transform(obj: Any) -> NodeRecord | None:
+            rec = record(self.node_transform(obj))
+            if rec is not None and not built.is_set():  # read while the next list page is on its way
+                early.read(rec, self._snap.policy, self._devices, self._classes)
+            return rec
 
         refl = Reflector(
             client,
@@ -326,6 +330,8 @@ class State:
             transform=transform,
             decoders=NODE_DECODERS,
             page_size=NODE_PAGE,
+            key_of=_record_name,
+            version_of=_record_version,
         )
         self._node_reflector = refl
         self.status.inventory_source = "watch:nodes"
@@ -583,6 +589,14 @@ def _file_key(i: int, obj: Any) -> str:
     return f"{meta['namespace']}/{meta['name']}" if named else f"#{i}"  # type: ignore[index]
 
 
+def _record_name(r: NodeRecord) -> str:
+    return r.name
+
+
+def _record_version(r: NodeRecord) -> str | None:
+    return r.version
+
+
 def _entry_key(e: PodEntry) -> str:
     return e.key
 
@@ -592,7 +606,7 @@ def _entry_version(e: PodEntry) -> str | None:
 
 
 def _build(
-    nodes: Iterable[dict[str, Any]],
+    nodes: Iterable[dict[str, Any] | NodeRecord],
     policy: Policy,
     devices: Mapping[str, dra.NodeDevices] | None = None,
     classes: dra.Classes | None = None,
@@ -602,7 +616,7 @@ def _build(
     have no cycles (refcounting frees them), and left in the oldest generation they would make every full
     collection scan them all, a pause of tens of milliseconds in the middle of an admission request. `trim`:
     after a bulk load only (see _trim)."""
-    return _frozen(lambda: inventory_mod.build(nodes, policy, devices, classes), trim)
+    return _frozen(lambda: inventory_mod.build(map(as_object, nodes), policy, devices, classes), trim)
 
 
 def _frozen(build: Callable[[], Inventory], trim: bool = True) -> Inventory:
@@ -625,15 +639,14 @@ class _EarlyNodes:
     Devices = Mapping[str, dra.NodeDevices]
 
     def __init__(self) -> None:
-        self.entries: dict[str, tuple[dict[str, Any], tuple[Any, ...], inventory_mod.GpuNode | None]] = {}
+        self.entries: dict[str, tuple[NodeRecord, tuple[Any, ...], inventory_mod.GpuNode | None]] = {}
 
-    def read(self, slim: dict[str, Any], policy: Policy, devices: Devices, classes: dra.Classes | None) -> None:
-        name = slim["metadata"]["name"]
-        inputs = _node_inputs(name, policy, devices, classes)
-        self.entries[name] = (slim, inputs, _read_node(slim, *inputs))
+    def read(self, rec: NodeRecord, policy: Policy, devices: Devices, classes: dra.Classes | None) -> None:
+        inputs = _node_inputs(rec.name, policy, devices, classes)
+        self.entries[rec.name] = (rec, inputs, _read_node(rec, *inputs))
 
     def build(
-        self, objects: Mapping[str, dict[str, Any]], policy: Policy, devices: Devices, classes: dra.Classes | None
+        self, objects: Mapping[str, NodeRecord], policy: Policy, devices: Devices, classes: dra.Classes | None
     ) -> Inventory:
         found: dict[str, inventory_mod.GpuNode] = {}
         for key, obj in objects.items():
@@ -659,10 +672,10 @@ def _node_inputs(
 
 
 def _read_node(
-    obj: dict[str, Any], pools: Any, devices: dra.NodeDevices | None, classes: dra.Classes | None
+    obj: NodeRecord, pools: Any, devices: dra.NodeDevices | None, classes: dra.Classes | None
 ) -> inventory_mod.GpuNode | None:
     served = classes.served_names if classes is not None else dra.BUILT_IN_EXTENDED
-    return inventory_mod.node_from_object(obj, pools, devices, served)
+    return inventory_mod.node_from_object(obj.as_object(), pools, devices, served)
 
 
 @contextlib.contextmanager
