@@ -9,9 +9,21 @@ all day; nodes are replaced by autoscalers under new names).
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T", bound=Hashable)
+V = TypeVar("V")
+
+
+def shared(cache: dict[Any, Any], key: Hashable, value: V, limit: int) -> V:
+    """The object first cached under `key` (what sys.intern does for strings), or `value`, cached while the
+    cache holds fewer than `limit` (it is never cleared: for the few dozen shapes a cluster has)."""
+    hit = cache.get(key)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    if len(cache) < limit:
+        cache[key] = value
+    return value
 
 
 class Interned(Generic[T]):

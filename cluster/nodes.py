@@ -33,6 +33,8 @@ from typing import Any
 import msgspec
 import orjson
 
+from cluster.interned import shared
+
 JSON = dict[str, Any]
 
 # The API server's validation: a qualified name is an optional DNS-subdomain prefix (<= 253) + "/" + a name
@@ -185,12 +187,7 @@ def _shared(status: JSON | None) -> JSON | None:
         key = tuple((section, tuple(sorted(values.items()))) for section, values in status.items())
     except TypeError:  # an amount of no order or hash: kept as it is
         return status
-    hit = _STATUSES.get(key)
-    if hit is not None:
-        return hit
-    if len(_STATUSES) < MAX_SHARED_STATUSES:
-        _STATUSES[key] = status
-    return status
+    return shared(_STATUSES, key, status, MAX_SHARED_STATUSES)
 
 
 def as_object(node: JSON | NodeRecord) -> JSON:

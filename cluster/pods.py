@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from cluster.interned import shared
 from cluster.layered import Layered
 from cluster.podtable import TERMINATED, PodTable
 from cluster.podtable import PodEntry as PodEntry  # its home before the table; callers import it from here
@@ -156,13 +157,8 @@ MAX_SHARED_GPUS = 4096  # distinct GPU requests kept shared (a cluster has a few
 
 
 def _shared(gpus: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
-    """One tuple object per distinct request (what sys.intern does for strings), up to MAX_SHARED_GPUS."""
-    hit = _GPUS.get(gpus)
-    if hit is not None:
-        return hit
-    if len(_GPUS) < MAX_SHARED_GPUS:
-        _GPUS[gpus] = gpus
-    return gpus
+    """One tuple object per distinct request, up to MAX_SHARED_GPUS."""
+    return shared(_GPUS, gpus, gpus, MAX_SHARED_GPUS)
 
 
 _NOTES: dict[Hashable, Hashable] = {}
