@@ -276,14 +276,11 @@ class PodView:
     def _replace(self, table: PodTable, key: str, new: PodEntry | None) -> PodEntry | None:
         """Swap the entry of `key` in `table` (pods or claims) and its counts; the old entry."""
         with self._lock:
-            old = table.get(key)
+            old = table.put(key, new) if new is not None else table.pop(key)
             if old is not None:
                 self._count(old, -1)
             if new is not None:
-                table.put(key, new)
                 self._count(new, +1)
-            elif old is not None:
-                table.remove(key)
             if old is not None or new is not None:
                 self._version += 1
         return old

@@ -54,11 +54,7 @@ def split_key(key: str) -> tuple[str, int]:
     """A key as (head, packed tail): the tail is the longest end of it after a '-' of at most _TAIL ASCII
     characters, so the pods of one controller share their head ("ns/train-012345" + "worker-3", "ns/web-7d9f8b6c5"
     + "x2k4q"); a key with no such end is its own head (tail _WHOLE)."""
-    cut = -1
-    i = key.rfind("-")
-    while i >= 0 and len(key) - i - 1 <= _TAIL:
-        cut = i
-        i = key.rfind("-", 0, i)
+    cut = key.find("-", max(0, len(key) - _TAIL - 1))  # the first '-' of the last _TAIL + 1 characters
     tail = key[cut + 1 :]
     if cut < 0 or not tail.isascii() or "\0" in tail:
         return key, _WHOLE
@@ -198,14 +194,18 @@ class PodTable:
 
     def get(self, key: str) -> PodEntry | None:
         slot = self._find(key)
-        return self._entry(slot) if slot >= 0 else None
+        return self._entry(slot, key) if slot >= 0 else None
 
-    def put(self, key: str, e: PodEntry) -> None:
-        """Store `e` under `key`, in place of what was there."""
-        slot = self._find(key)
+    def put(self, key: str, e: PodEntry) -> PodEntry | None:
+        """Store `e` under `key`; what was there."""
+        head, tail = split_key(key)
+        hid = self.heads.find(head)
+        slot = self._index.find(hid, tail) if hid >= 0 else -1
+        old = None
         if slot < 0:
-            slot = self._new_slot(key)
+            slot = self._new_slot(head, tail)
         else:
+            old = self._entry(slot, key)
             self._release(slot)
         self._node[slot] = self.nodes.acquire(e.node)
         self._job[slot] = self.jobs.acquire(e.job) if e.job is not None else _NO_JOB
@@ -215,26 +215,32 @@ class PodTable:
         self._notes[slot] = e.note
         if e.key != key:
             self._own[slot] = e.key
+        return old
 
-    def remove(self, key: str) -> bool:
-        """Forget `key`; whether it was there."""
+    def pop(self, key: str) -> PodEntry | None:
+        """Forget `key`; what was there."""
         head, tail = split_key(key)
         hid = self.heads.find(head)
         slot = self._index.remove(hid, tail) if hid >= 0 else -1
         if slot < 0:
-            return False
+            return None
+        old = self._entry(slot, key)
         self._release(slot)
         self.heads.release(hid)
         self._head[slot] = _FREE
         self._notes[slot] = None
         self._free.append(slot)
-        return True
+        return old
 
     def keys(self) -> list[str]:
         return [self._key(slot) for slot in self._slots()]
 
     def entries(self) -> dict[str, PodEntry]:
-        return {self._key(slot): self._entry(slot) for slot in self._slots()}
+        out = {}
+        for slot in self._slots():
+            key = self._key(slot)
+            out[key] = self._entry(slot, key)
+        return out
 
     def _slots(self) -> list[int]:
         return [slot for slot, h in enumerate(self._head) if h != _FREE]
@@ -247,7 +253,7 @@ class PodTable:
     def _key(self, slot: int) -> str:
         return join_key(self.heads.value(self._head[slot]), self._tail[slot])
 
-    def _new_slot(self, key: str) -> int:
+    def _new_slot(self, head: str, tail: int) -> int:
         if self._free:
             slot = self._free.pop()
         else:
@@ -255,7 +261,6 @@ class PodTable:
             self._notes.append(None)
             for column in (self._head, self._tail, self._node, self._job, self._gpus, self._phase, self._version):
                 column.append(0)
-        head, tail = split_key(key)
         self._head[slot] = self.heads.acquire(head)
         self._tail[slot] = tail
         self._index.insert(slot)
@@ -279,7 +284,8 @@ class PodTable:
         self._odd[slot] = rv
         return _ODD_VERSION
 
-    def _entry(self, slot: int) -> PodEntry:
+    def _entry(self, slot: int, key: str) -> PodEntry:
+        """The slot's entry; `key` the table's key of it."""
         v = self._version[slot]
         job = self._job[slot]
         own = self._own.get(slot)
@@ -288,7 +294,7 @@ class PodTable:
             self.requests.value(self._gpus[slot]),
             self.jobs.value(job) if job != _NO_JOB else None,
             self.phases.value(self._phase[slot]),
-            own if own is not None else self._key(slot),
+            own if own is not None else key,
             str(v) if v >= 0 else self._odd[slot] if v == _ODD_VERSION else None,
             self._notes[slot],
         )

@@ -71,11 +71,10 @@ def test_the_table_equals_a_dict_of_entries(ops: list[tuple[bool, str, PodEntry]
     table, plain = PodTable(), {}
     for put, key, e in ops:
         if put:
-            table.put(key, e)
+            assert table.put(key, e) == plain.get(key)
             plain[key] = e
         else:
-            assert table.remove(key) == (key in plain)
-            plain.pop(key, None)
+            assert table.pop(key) == plain.pop(key, None)
         assert len(table) == len(plain)
         assert table.get(key) == plain.get(key)
     assert table.entries() == plain and sorted(table.keys()) == sorted(plain)
@@ -96,13 +95,13 @@ def test_the_same_objects_come_back_and_slots_are_reused() -> None:
         table.put(f"ml/b-{i}", PodEntry("n1", gpus, None, "Running", f"ml/b-{i}", str(i)))
     width = len(table._head)
     for i in range(1000):
-        assert table.remove(f"ml/b-{i}")
+        assert table.pop(f"ml/b-{i}") is not None
     for i in range(1000):
         table.put(f"ml/c-{i}", PodEntry("n2", gpus, None, "Running", f"ml/c-{i}", str(i)))
     assert len(table._head) == width  # the deleted pods' slots were reused
     assert len(table) == 1001 and table.get("ml/b-3") is None and table.get("ml/c-3") is not None
     for i in range(1000):
-        table.remove(f"ml/c-{i}")
+        table.pop(f"ml/c-{i}")
     assert len(table._index._buckets) <= 16  # the index shrank back with the pods
 
 
