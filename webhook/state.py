@@ -373,12 +373,22 @@ class State:
             read_claim=self._claim_held,
             on_pending=self.reservations.pending,  # a gang that will not bind soon ends its reservation
         )
+        listed = threading.Event()
+
+        def on_change(change: Any) -> None:  # after the view has the change
+            if tracker is not None:
+                tracker.apply(change)
+            if change.type == "SYNCED" and not listed.is_set():  # once: the first list is a bulk load
+                listed.set()
+                gc.collect()  # the first list's pages, in reference cycles with their responses
+                _trim()  # and the heap they took back to the OS: RSS would stay at the list's peak
+
         # Terminated pods hold nothing: the API server filters them out (phase is a supported field).
         refl = Reflector(
             client,
             "/api/v1/pods",
             name="pods",
-            on_change=tracker.apply if tracker is not None else None,  # after the view has the change
+            on_change=on_change,
             field_selector="status.phase!=Succeeded,status.phase!=Failed",
             transform=view.transform,  # a GPU pod's PodEntry, nothing of the others
             key_of=_entry_key,
