@@ -1,15 +1,17 @@
 """The pod view's records, stored by column: one slot per GPU pod, no object per pod.
 
-500,000 GPU pods as one `PodEntry` object each, in two dicts (the Reflector's and the view's), took ~363
-bytes a pod (docs/benchmarks.md §4). Here a pod is its key string, a slot in an open-addressing index, and
-one int in each column: its node, job, phase and GPU request as ids of interned values (cluster/interned.py,
-counted so that values no pod uses any more are forgotten), its resourceVersion as an int (every API server
-writes decimal ones; any other string is kept aside for its slot), and a reference to its note (the ledger's
-fields, shared between the pods of a gang). A deleted pod's slot is reused by the next one.
+500,000 GPU pods as one `PodEntry` object each, in two dicts (the Reflector's and the view's), took ~385
+bytes a pod (docs/benchmarks.md §4). Here a pod is a slot: its key as the id of an interned head and a tail
+of up to 8 characters packed into an int (`split_key`: the pods of one controller share the head, so no key
+string per pod), found through an open-addressing index of slot numbers; its node, job, phase and GPU request
+as ids of interned values (cluster/interned.py, counted so that values no pod uses any more are forgotten);
+its resourceVersion as an int (every API server writes decimal ones; any other text is kept aside for its
+slot); and a reference to its note (the ledger's fields, shared between the pods of a gang). A deleted pod's
+slot is reused by the next one.
 
-`get` rebuilds the pod's `PodEntry` (the same strings, request tuple and note objects that went in), so
-readers see entries as before; `put`, `remove` and `get` cost O(1). Not thread-safe: the pod view holds its
-lock around every call.
+`get` rebuilds the pod's `PodEntry` (the same strings, request tuple and note objects that went in, the key
+text rebuilt), so readers see entries as before; `put`, `pop` and `get` cost O(1). Not thread-safe: the pod
+view holds its lock around every call.
 """
 
 from __future__ import annotations
