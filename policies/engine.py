@@ -404,7 +404,7 @@ def _mark_native_exceptions(work: Json, kind: str, ctx: ReviewContext) -> bool:
     value = ",".join(r for r in sorted(rules) if _exemption(r, work, ctx)[0] is not None)
     annotations = meta.get("annotations")
     current = annotations.get(EXCEPTED_ANNOTATION) if isinstance(annotations, dict) else None
-    if (current or "") == value and (current is None) == (not value):
+    if current == (value or None):  # already what it should be (absent when nothing is excepted)
         return False
     if value:
         if not isinstance(annotations, dict):
