@@ -116,6 +116,26 @@ def test_a_nodes_file_trims_the_heap_and_a_policy_edit_does_not(monkeypatch: pyt
     assert trims == [1]
 
 
+def test_a_policy_edit_freezes_only_a_large_inventory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc.freeze() pins every object alive at that moment for good (open connections, TLS buffers): a bulk
+    load freezes, a rebuild freezes only an inventory of FREEZE_MIN_NODES or more, whose full collections
+    would otherwise cost the requests they interrupt."""
+    freezes: list[int] = []
+    monkeypatch.setattr(state_mod.gc, "freeze", lambda: freezes.append(1))
+    state = State(default_policy())
+    state.set_nodes(NODES[:4], "test")
+    assert freezes == [1]
+    head = "apiVersion: gpu-admission.io/v1alpha1\nkind: Policy\n"
+    state.set_policy(parse_policy_text(head + "inference: {warmPool: 2}\n"), "file:p")
+    assert state.snapshot().inventory.node_count == 4 and freezes == [1]
+    monkeypatch.setattr(state_mod, "FREEZE_MIN_NODES", 4)  # the boundary: 4 nodes now freeze, 3 would not
+    state.set_policy(parse_policy_text(head + "inference: {warmPool: 3}\n"), "file:p")
+    assert freezes == [1, 1]
+    monkeypatch.setattr(state_mod, "FREEZE_MIN_NODES", 5)
+    state.set_policy(parse_policy_text(head + "inference: {warmPool: 4}\n"), "file:p")
+    assert freezes == [1, 1]
+
+
 def test_serve_builds_its_inventory_from_a_json_node_list(tmp_path: Path) -> None:
     path = tmp_path / "nodes.json"
     path.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "NodeList", "items": NODES}))
