@@ -136,7 +136,7 @@ def test_limits_reach_the_server_command(tmp_path: Path) -> None:
     to Helm: an integer limit must still arrive as digits (16777216, not 1.6777216e+07)."""
     (tmp_path / "limits.yaml").write_text(
         "limits: {maxBody: 16777216, maxBytesInflight: 67108864, maxHeaderBytes: 65536, maxConnections: 900,\n"
-        "         headerTimeout: 3, bodyTimeout: 12.5, idleTimeout: 2.5, handshakeTimeout: 4}\n"
+        "         headerTimeout: 3, bodyTimeout: 12.5, idleTimeout: 2.5, keepaliveTimeout: 95, handshakeTimeout: 4}\n"
     )
     server = _server(template("-f", str(tmp_path / "limits.yaml")))
     assert "16777216" in server["args"]
@@ -145,6 +145,7 @@ def test_limits_reach_the_server_command(tmp_path: Path) -> None:
         16777216, 67108864, 65536, 900,
     )  # fmt: skip
     assert (args.header_timeout, args.body_timeout, args.idle_timeout, args.handshake_timeout) == (3, 12.5, 2.5, 4)
+    assert args.keepalive_timeout == 95
     set_args = build_parser().parse_args(_server(template(*OPTIONS["limits"]))["args"])
     assert (set_args.max_body, set_args.max_connections, set_args.idle_timeout, set_args.handshake_timeout) == (
         16777216, 900, 2.5, 4,
@@ -192,6 +193,7 @@ def test_ledger_leader_election_is_on_by_default_and_can_be_turned_off() -> None
         (["--set", "scan.interval=30"], "/scan/interval"),
         (["--set", "limits.idleTimeout=0"], "/limits/idleTimeout"),
         (["--set", "limits.idleTimeout=0.0"], "/limits/idleTimeout"),
+        (["--set", "limits.keepaliveTimeout=0"], "/limits/keepaliveTimeout"),
         (["--set", "limits.bodyTimeout=soon"], "/limits/bodyTimeout"),
         (["--set", "limits.maxBody=-1"], "/limits/maxBody"),
         (["--set", "validatePods=yes"], "/validatePods"),

@@ -254,6 +254,27 @@ def test_slow_headers_slow_bodies_and_silent_connections_are_closed(srv: ServerP
     assert metric(srv, "gpu_admission_connections_closed_total") - before >= 3
 
 
+def test_an_answered_connection_outlives_the_idle_timeout_until_the_keepalive_timeout() -> None:
+    """The API server (client-go) keeps an idle connection 90 s, and a close from our side can cross its next
+    request, which it does not retry: after a response the connection waits --keepalive-timeout, while one
+    that never sent a request still goes after --idle-timeout. The sweep can only close late, never early."""
+    with server("--idle-timeout", "1", "--keepalive-timeout", "10") as srv:
+        reasons = "gpu_admission_connections_closed_total{reason="
+        idle0, keep0 = metric(srv, reasons + '"idle-timeout"}'), metric(srv, reasons + '"keepalive-timeout"}')
+        used, silent = tls_socket(srv), tls_socket(srv)
+        used.sendall(request_bytes())
+        assert read_response(used)[0] == 200
+        assert closed_by_server(silent, within=10)  # after --idle-timeout
+        time.sleep(1.0)  # `used` is now idle well past --idle-timeout and its sweep
+        used.sendall(request_bytes())
+        assert read_response(used)[0] == 200  # the same connection: not closed at the idle timeout
+        answered = time.monotonic()
+        assert closed_by_server(used, within=40)
+        assert time.monotonic() - answered >= 9.5  # --keepalive-timeout, never early
+        assert metric(srv, reasons + '"idle-timeout"}') - idle0 == 1
+        assert metric(srv, reasons + '"keepalive-timeout"}') - keep0 == 1
+
+
 def test_a_tls_handshake_that_never_completes_is_aborted_after_the_handshake_timeout() -> None:
     """Connections the protocol never sees (no handshake yet): one silent after connecting, one stalled in
     the middle of a ClientHello. The loop aborts both after --handshake-timeout (not uvloop's 60 s), and a

@@ -480,7 +480,7 @@ def test_a_request_sent_to_an_idle_connection_during_a_loop_stall_is_answered(tl
     The guard leaves a connection with unread bytes open, and uvicorn's own keep-alive timer closes nothing."""
     from webhook.guard import ConnectionLimits, guarded_protocol
 
-    guarded = guarded_protocol(ConnectionLimits(idle_timeout=1.0))
+    guarded = guarded_protocol(ConnectionLimits(idle_timeout=1.0, keepalive_timeout=1.0))
 
     class Stalling(guarded):  # type: ignore[misc, valid-type]
         def data_received(self, data: bytes) -> None:

@@ -64,7 +64,10 @@ def register(sub: Any) -> None:
     lim.add_argument("--body-timeout", type=float, default=ConnectionLimits.body_timeout, metavar="SECONDS",
                      help="from the end of a request's headers to its last body byte (default 10)")  # fmt: skip
     lim.add_argument("--idle-timeout", type=float, default=ConnectionLimits.idle_timeout, metavar="SECONDS",
-                     help="close a connection with no request in progress after this long (default 5)")  # fmt: skip
+                     help="close a connection that has sent no request after this long (default 5)")  # fmt: skip
+    lim.add_argument("--keepalive-timeout", type=float, default=ConnectionLimits.keepalive_timeout,
+                     metavar="SECONDS", help="close a connection idle this long after a response (default 120: "
+                     "longer than the API server keeps an idle connection, 90 s)")  # fmt: skip
     lim.add_argument("--handshake-timeout", type=float, default=ConnectionLimits.handshake_timeout, metavar="SECONDS",
                      help="from accepting a connection to the end of its TLS handshake (default 10)")  # fmt: skip
     lim.add_argument("--max-connections", type=int, default=0, metavar="N",
@@ -261,7 +264,14 @@ def raise_open_file_limit() -> int:
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
-    for flag in ("max_header_bytes", "header_timeout", "body_timeout", "idle_timeout", "handshake_timeout"):
+    for flag in (
+        "max_header_bytes",
+        "header_timeout",
+        "body_timeout",
+        "idle_timeout",
+        "keepalive_timeout",
+        "handshake_timeout",
+    ):
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive")
     files = raise_open_file_limit()
@@ -271,6 +281,7 @@ def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         idle_timeout=args.idle_timeout,
+        keepalive_timeout=args.keepalive_timeout,
         max_connections=max_connections,
         handshake_timeout=args.handshake_timeout,
     )

@@ -13,11 +13,13 @@ close waits for the peer's close_notify, which an idle client never sends).
   get 431 and the connection is closed (the count may run one read past the limit, never more);
 - a header timeout (first byte of a request to the end of its headers) and a body timeout (end of headers to
   the last body byte): 408 and close; a stalled body also holds bytes of the in-flight budget (webhook/app.py);
-- an idle timeout: a connection with no request in progress (a fresh connection too) is closed, by the
-  sweep only (uvicorn's own keep-alive timer is off: its closes were not counted) and never while bytes
-  wait unread in its socket: timers run before the loop reads, so after a stall a connection idle "too
-  long" may already hold the client's next request, and closing it then lost that request (the client saw
-  EOF: the soak's `transport` errors);
+- an idle timeout: a connection that has not sent a request yet is closed after `idle_timeout`, one that
+  has been answered and sent nothing since after `keepalive_timeout` (longer than the 90 s a Go client such as
+  the API server keeps an idle connection, so the client closes first: a close from our side can cross the
+  client's next request on the wire, which the API server does not retry); by the sweep only (uvicorn's own
+  keep-alive timer is off: its closes were not counted) and never while bytes wait unread in its socket: timers
+  run before the loop reads, so after a stall a connection idle "too long" may already hold the client's next
+  request, and closing it then lost that request (the client saw EOF: the soak's `transport` errors);
 - back-pressure on pipelining: reading stays paused while a queued request waits, so a client cannot queue
   more than one read's worth of requests;
 - a cap on open connections: a new connection past `max_connections` closes the least recently active
@@ -63,7 +65,8 @@ class ConnectionLimits:
     max_header_bytes: int = 32 * 1024  # the API server sends < 1 KiB of headers
     header_timeout: float = 5.0
     body_timeout: float = 10.0
-    idle_timeout: float = 5.0  # also uvicorn's keep-alive timeout
+    idle_timeout: float = 5.0  # a connection that has sent no request yet
+    keepalive_timeout: float = 120.0  # after a response: past the API server's 90 s idle connections (client-go)
     max_connections: int = 4096
     close_linger: float = 0.5  # seconds a closing TLS connection may wait for the peer before it is aborted
     handshake_timeout: float = 10.0  # accept to handshake done: the API server waits at most 10 s by default
@@ -164,6 +167,7 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
             self._closing = False
             self._lost = False
             self._stopping = False
+            self._idle_for = limits.idle_timeout  # keepalive_timeout once a response went out
 
         # -- connection --------------------------------------------------------------------------------
 
@@ -244,7 +248,8 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
                 if not self._busy():
                     self._close("shutdown")
             elif self._phase == "idle" and not self._busy():
-                self._deadline = self.loop.time() + limits.idle_timeout
+                self._idle_for = limits.keepalive_timeout
+                self._deadline = self.loop.time() + self._idle_for
 
         # -- limits ------------------------------------------------------------------------------------
 
@@ -269,9 +274,9 @@ def guarded_protocol(limits: ConnectionLimits, on_close: Callable[[str], None] |
             elif self._busy():
                 pass
             elif _unread(self.transport):
-                self._deadline = self.loop.time() + limits.idle_timeout  # read this turn: no longer idle
+                self._deadline = self.loop.time() + self._idle_for  # read this turn: no longer idle
             else:
-                self._close("idle-timeout")
+                self._close("idle-timeout" if self._idle_for == limits.idle_timeout else "keepalive-timeout")
 
         def timeout_keep_alive_handler(self) -> None:
             """uvicorn's keep-alive timer: off, the sweep closes idle connections (see the module docstring)."""

@@ -112,6 +112,7 @@ LIMIT_FLAGS = {
     "headerTimeout": "--header-timeout",
     "bodyTimeout": "--body-timeout",
     "idleTimeout": "--idle-timeout",
+    "keepaliveTimeout": "--keepalive-timeout",
     "handshakeTimeout": "--handshake-timeout",
 }
 
