@@ -21,6 +21,7 @@ single, time-sliced L4, A100 and CPU racks). Parts, each printed and written to 
 from __future__ import annotations
 
 import gc
+import os
 import random
 import shutil
 import subprocess
@@ -340,7 +341,20 @@ def run_memory(n: int, pods: int, *extra: str) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run_server(n: int, duration: float, warmup: float) -> dict[str, Any]:
+def _pin_apart(server_pid: int, others: list[int]) -> str | None:
+    """The server alone on the last CPU, the fake API server (`others`) and the load generator on the rest, as
+    a webhook with its own CPU would run; the client CPUs as a taskset list, or None when not possible."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or not server.pin(server_pid, cpus[-1]):
+        return None
+    rest = ",".join(map(str, cpus[:-1]))
+    for pid in others:
+        subprocess.run(["taskset", "-a", "-pc", rest, str(pid)], capture_output=True, check=False)
+    return rest
+
+
+def run_server(n: int, duration: float, warmup: float, pin: bool = False) -> dict[str, Any]:
+    """`pin`: the server alone on a CPU (see _pin_apart); unpinned, its p99 is the machine's scheduling too."""
     tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-scale-"))
     api = FakeApi(n)
     srv: ServerProcess | None = None
@@ -352,10 +366,11 @@ def run_server(n: int, duration: float, warmup: float) -> dict[str, Any]:
         time.sleep(2.0)
         rss_ready = common.rss_kib(srv.proc.pid) / 1024
         common.say(f"  serve: inventory of {want} GPU nodes ready {ready_s:.1f} s after start; RSS {rss_ready:.1f} MiB")
+        clients = _pin_apart(srv.proc.pid, [api.proc.pid]) if pin else None
         reqs = server.req_args([srv], server.write_bodies(tmp))
         driver.run(["-cacert", srv.ca, "-c", "4", "-n", "500", "-expect", server.EXPECT, *reqs])
         load = ["-rate", str(REVIEW_RATE)]
-        quiet = server.measure([srv], reqs, load, duration=duration, warmup=warmup, loadgen_cpus=None)
+        quiet = server.measure([srv], reqs, load, duration=duration, warmup=warmup, loadgen_cpus=clients)
         common.say(f"  {REVIEW_RATE}/s, no node events: p50 {quiet['latency_ms']['p50']:.2f} ms p99 "
                    f"{quiet['latency_ms']['p99']:.2f} ms, {quiet['achieved_rate']:.0f}/s")  # fmt: skip
         api.storm(STORM_RATE)
@@ -363,15 +378,16 @@ def run_server(n: int, duration: float, warmup: float) -> dict[str, Any]:
         idle_storm = _storm_window(api, srv, 5.0 if duration > 5 else 2.0)
         common.say(f"  storm of {STORM_RATE:.0f} updates/s, no reviews: {idle_storm}")
         m0 = _node_metrics(srv)
-        stormy = server.measure([srv], reqs, load, duration=duration, warmup=warmup, loadgen_cpus=None)
+        stormy = server.measure([srv], reqs, load, duration=duration, warmup=warmup, loadgen_cpus=clients)
         m1 = _node_metrics(srv)
         common.say(f"  {REVIEW_RATE}/s during the storm: p50 {stormy['latency_ms']['p50']:.2f} ms p99 "
                    f"{stormy['latency_ms']['p99']:.2f} ms, {stormy['achieved_rate']:.0f}/s")  # fmt: skip
         api.storm(0)
         rss_after = common.rss_kib(srv.proc.pid) / 1024
-        reference = _reference(tmp, duration, warmup)
+        reference = _reference(tmp, duration, warmup, pin)
         return {
             "nodes": n,
+            "client_cpus": clients,
             "gpu_nodes": want,
             "ready_s": common.rnd(ready_s, 2),
             "rss_ready_mib": common.rnd(rss_ready, 1),
@@ -390,15 +406,16 @@ def run_server(n: int, duration: float, warmup: float) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _reference(tmp: Path, duration: float, warmup: float) -> dict[str, Any]:
+def _reference(tmp: Path, duration: float, warmup: float, pin: bool = False) -> dict[str, Any]:
     """The same load on the example cluster's server (6 GPU nodes, no watch) in the same window: what the
     machine's neighbours do to a p99 that has nothing to do with cluster size."""
     srv = ServerProcess()
     try:
+        clients = _pin_apart(srv.proc.pid, []) if pin else None
         reqs = server.req_args([srv], server.write_bodies(tmp))
         driver.run(["-cacert", srv.ca, "-c", "4", "-n", "500", "-expect", server.EXPECT, *reqs])
         res = server.measure([srv], reqs, ["-rate", str(REVIEW_RATE)], duration=duration, warmup=warmup,
-                             loadgen_cpus=None)  # fmt: skip
+                             loadgen_cpus=clients)  # fmt: skip
         common.say(f"  reference, 6-node server, same window, {REVIEW_RATE}/s: p50 {res['latency_ms']['p50']:.2f} ms "
                    f"p99 {res['latency_ms']['p99']:.2f} ms")  # fmt: skip
         return _brief(res)
@@ -435,7 +452,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     common.say(f"scale: server memory with {largest} nodes and {pods} GPU pods")
     result["memory"] = run_memory(largest, pods)
     common.say(f"scale: a server watching {largest} nodes")
-    result["server"] = run_server(largest, 3.0 if quick else 20.0, 1.0 if quick else 3.0)
+    result["server"] = run_server(largest, 3.0 if quick else 20.0, 1.0 if quick else 3.0, pin=True)
     result["targets"] = targets(result)
     report(result)
     return result
