@@ -147,6 +147,11 @@ def test_pipelined_reviews_are_read_no_faster_than_they_are_answered(srv: Server
             sent += len(batch)
         except TimeoutError:
             pass  # the kernel buffers are full: the server is not reading; keep trying until the 3 s are up
+        except (ConnectionError, ssl.SSLError):
+            # Closed by the server, which is also bounded reading: with reading paused behind unanswered
+            # requests, a timeout of this server (1 s each) can come before the 3 s are up on a loaded machine
+            # (1 run in 7 at load 18, on main too).
+            break
     latencies = legit_latencies(srv, 5)
     _, peak = srv.memory_mib()
     sock.close()
