@@ -291,6 +291,52 @@ def test_a_bind_of_a_pod_the_view_has_not_seen_yet_waits_for_it_briefly_and_is_t
     assert 'gpu_admission_bind_view_waits_total{result="not-seen"} 1' in s.metrics.render()
 
 
+class _Pods:
+    """The API server's side of `pod_fetcher` for the in-process server: GET of a pod by path (the real one is
+    read in tests/e2e/test_placement_e2e.py)."""
+
+    def __init__(self, pods: dict[str, dict[str, Any]], delay: float = 0.0) -> None:
+        self.pods, self.delay, self.paths = pods, delay, []
+
+    def get(self, path: str) -> dict[str, Any]:
+        from cluster.kubeclient import KubeError
+
+        self.paths.append(path)
+        time.sleep(self.delay)
+        name = path.rsplit("/", 1)[1]
+        if name not in self.pods:
+            raise KubeError(404, "NotFound", f"GET {path}: pods {name!r} not found")
+        return self.pods[name]
+
+
+def test_a_bind_of_a_pod_the_watch_has_not_delivered_after_the_wait_is_judged_from_the_api_server() -> None:
+    """A loaded watch can lag the scheduler by more than the wait: the pod is then read from the API server
+    (one GET, at most BIND_FETCH_TIMEOUT) and judged; a pod that cannot be read is allowed, as before."""
+    from webhook import app as app_mod
+    from webhook.state import pod_fetcher
+
+    s = Server()
+    _reserve(s)
+    api = _Pods({"lagging-0": _pending("lagging-0", 8, "late"), "cpu-pod": _pending("cpu-pod", 0, "late")})
+    s.state.fetch_pod = pod_fetcher(api)
+    response = s.bind(_late_binding("lagging-0"))
+    assert response["allowed"] is False, response
+    assert "binding pod ml-research/lagging-0 (8 GPUs)" in response["status"]["message"]
+    assert api.paths == ["/api/v1/namespaces/ml-research/pods/lagging-0"]
+    assert s.bind(_late_binding("cpu-pod"))["allowed"] is True  # read: no GPUs
+    assert s.bind(_late_binding("gone"))["allowed"] is True  # 404: not judged
+    text = s.metrics.render()
+    for result in ("fetched", "not-seen", "fetch-failed"):
+        assert f'gpu_admission_bind_view_waits_total{{result="{result}"}} 1' in text, result
+    slow = Server()
+    _reserve(slow)
+    slow.state.fetch_pod = pod_fetcher(_Pods({"lagging-0": _pending("lagging-0", 8, "late")}, delay=3.0))
+    t0 = time.monotonic()
+    assert slow.bind(_late_binding("lagging-0"))["allowed"] is True  # the read took too long: not judged
+    assert time.monotonic() - t0 >= app_mod.BIND_VIEW_WAIT + app_mod.BIND_FETCH_TIMEOUT
+    assert 'gpu_admission_bind_view_waits_total{result="fetch-failed"} 1' in slow.metrics.render()
+
+
 def test_a_bind_of_an_unseen_pod_outside_every_reserved_rack_does_not_wait() -> None:
     s = Server()
     _reserve(s)

@@ -20,6 +20,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from cluster.kubeclient import KubeError
 from cluster.pods import PodEntry
 from policies import bindcheck
 from policies import exceptions as exceptions_mod
@@ -44,6 +45,9 @@ DEFAULT_TIMEOUT = 10.0  # the API server's default timeoutSeconds
 # this often: the watch usually delivers a pod before the scheduler binds it; under load it can lag a little.
 BIND_VIEW_WAIT = 0.3
 BIND_VIEW_POLL = 0.01
+# Then the pod is read from the API server (State.fetch_pod), for at most this long: the wait and the read stay
+# under the bind webhook's 2 s timeout.
+BIND_FETCH_TIMEOUT = 1.0
 MAX_TIMEOUT = 30.0
 
 
@@ -435,8 +439,25 @@ def create_app(
         while entry is None and time.monotonic() < deadline:
             await asyncio.sleep(BIND_VIEW_POLL)  # other requests are served meanwhile
             entry = state.pod_entry(ns, name)
-        m.inc("gpu_admission_bind_view_waits_total", (("result", "seen" if entry is not None else "not-seen"),))
+        result = "seen" if entry is not None else "not-seen"
+        if entry is None and state.fetch_pod is not None:
+            entry, result = await _fetched_pod(state.fetch_pod, ns, name)
+        m.inc("gpu_admission_bind_view_waits_total", (("result", result),))
         return entry
+
+    async def _fetched_pod(
+        fetch: Callable[[str, str], PodEntry | None], ns: str, name: str
+    ) -> tuple[PodEntry | None, str]:
+        """The pod read from the API server, when its watch event is later than the wait (a loaded watch can be
+        seconds behind a scheduler that binds within a second of the pod's creation). A failed or slow read
+        leaves the pod unseen: the bind is allowed, as the check allows whatever it cannot judge."""
+        try:
+            got = asyncio.get_running_loop().run_in_executor(pool, fetch, ns, name)
+            entry = await asyncio.wait_for(got, BIND_FETCH_TIMEOUT)
+        except (KubeError, OSError, TimeoutError, ValueError) as exc:
+            log.info("bind check: pod not read", extra={"pod": f"{ns}/{name}", "error": str(exc)})
+            return None, "fetch-failed"
+        return entry, "fetched" if entry is not None else "not-seen"
 
     def _failure(
         req: admission.Request, webhook: str, mode: str, policy_hash: str, why: str

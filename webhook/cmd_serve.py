@@ -363,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
     from webhook.app import ServerConfig, create_app, fast_path
     from webhook.guard import guarded_protocol, handshake_bounded_loop
     from webhook.metrics import Metrics
-    from webhook.state import State
+    from webhook.state import State, pod_fetcher
 
     setup_logging(args.log_level)
     if args.ledger_lease:
@@ -419,6 +419,7 @@ def run(args: argparse.Namespace) -> int:
 
             state.ledger = ledger_mod.for_state(state, args.ledger_window)
         state.watch_pods(client)  # before watch_dra: the claims it watches are counted into the pod view
+        state.fetch_pod = pod_fetcher(client)  # the bind check's read of a pod its watch has not delivered
         state.watch_dra(client, slices=not args.nodes)
         state.watch_exceptions(client)
     elif cm:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from cluster.coalesce import Coalescer
 from cluster.dra import PATHS as DRA_PATHS
@@ -24,6 +25,7 @@ from cluster.dra import SliceIndex, slim_slice, slim_spec
 from cluster.namespaced import IndexSnapshot, NamespacedIndex
 from cluster.nodes import NODE_DECODERS, NodeRecord, NodeTransform, as_object, record, same_content
 from cluster.pods import PodEntry, PodSnapshot, PodView
+from cluster.pods import entry as pod_entry_of
 from policies import dra
 from policies import exceptions as exceptions_mod
 from policies import inventory as inventory_mod
@@ -109,6 +111,9 @@ class State:
         self._slices = SliceIndex()
         self.dra_status: dict[str, Any] = {"served": None}
         self.ledger: Any = None  # a webhook.ledger.Tracker set before watch_pods: fed by the same pod watch
+        # One pod read from the API server as a pod-view entry (pod_fetcher): the bind check's last resort for
+        # a pod its watch has not delivered yet. None without a cluster.
+        self.fetch_pod: Callable[[str, str], PodEntry | None] | None = None
 
     def snapshot(self) -> Snapshot:
         return self._snap
@@ -597,6 +602,20 @@ def _file_key(i: int, obj: Any) -> str:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     named = isinstance(meta, dict) and isinstance(meta.get("name"), str) and isinstance(meta.get("namespace"), str)
     return f"{meta['namespace']}/{meta['name']}" if named else f"#{i}"  # type: ignore[index]
+
+
+def pod_fetcher(client: Any) -> Callable[[str, str], PodEntry | None]:
+    """`State.fetch_pod` over `client`: one GET of the pod, read as the pod view reads it (None: a pod with no
+    GPUs, or one the view could not read). Raises the client's KubeError (not found, refused, timed out)."""
+
+    def fetch(namespace: str, name: str) -> PodEntry | None:
+        obj = client.get(f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}")
+        try:
+            return pod_entry_of(obj, pod_facts)
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+    return fetch
 
 
 def _record_name(r: NodeRecord) -> str:

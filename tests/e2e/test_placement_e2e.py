@@ -360,3 +360,27 @@ def test_a_pinned_gang_that_will_not_bind_holds_the_next_job_no_longer_than_the_
         for space in (ns, busy_ns):
             cp.kubectl("delete", "pods", "--all", "-n", space, "--grace-period=0", "--force", check=False)
         pl.wait_pod_view(wh, cp)
+
+
+def test_the_bind_checks_read_of_an_undelivered_pod_gets_it_from_the_api_server(racks_cp: ControlPlane) -> None:
+    """`State.fetch_pod`, what the bind check reads when its pod watch is later than its wait, against the real
+    API server: a pending GPU pod of a job reads as the pod view would have it; a pod that does not exist is
+    the client's one-line error (the bind check then allows, tests/test_bindcheck.py)."""
+    from cluster.kubeclient import KubeClient, KubeError
+    from webhook.state import pod_fetcher
+
+    cp = racks_cp
+    ns = pl.new_namespace(cp, "fetch", {"gpu-admission.io/enforcement": "off"})
+    pod = pl.busy_pod("gang-0", "", 8)
+    del pod["spec"]["nodeName"]
+    pod["metadata"]["labels"] = {"gpu-admission.io/job": "gang"}
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]  # stays pending
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=pod)
+    with KubeClient.from_config(cp.kubeconfig, timeout=10.0) as client:
+        fetch = pod_fetcher(client)
+        entry = fetch(ns, "gang-0")
+        assert entry is not None and entry.node == "" and entry.phase == "Pending"
+        assert dict(entry.gpus) == {"nvidia.com/gpu": 8} and entry.job is not None and "gang" in entry.job
+        with pytest.raises(KubeError, match="not found"):
+            fetch(ns, "no-such-pod")
+    cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
