@@ -248,6 +248,16 @@ def test_the_server_refuses_a_harmful_bind_with_403_audits_it_and_counts_it() ->
     assert 'reason="unknown-pod"} 1' in s.metrics.render()
 
 
+def test_the_reservations_gauge_counts_only_live_reservations() -> None:
+    """An ended reservation is dropped when it is next read; the gauge reads, so it never counts one that
+    ended while no review came (the placement benchmark waits on it between plays)."""
+    s = Server()
+    s.state.reservations.record(placement_of(HELD), 0.05)
+    assert "gpu_admission_placement_reservations 1" in s.metrics.render()
+    time.sleep(0.1)
+    assert "gpu_admission_placement_reservations 0" in s.metrics.render()
+
+
 def test_the_server_does_not_judge_binds_in_a_namespace_whose_enforcement_is_off() -> None:
     for mode in ("off", "warn", "audit"):
         s = Server({"gpu-admission.io/enforcement": mode})

@@ -743,7 +743,7 @@ def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) ->
     m.gauge(
         "gpu_admission_placement_reservations",
         "Jobs whose pinned domain holds GPUs reserved until their pods bind",
-        lambda: [((), float(len(state.reservations)))],
+        lambda: [((), float(len(state.reservations.active())))],  # ends what ended since the last review
     )
     m.gauge(
         "gpu_admission_placement_reservations_ended_total",

@@ -153,6 +153,12 @@ def run_real(cp: ControlPlane, wh: Webhook, specs: list[JobSpec], webhook_on: bo
 def wh_ready(wh: Webhook, cp: ControlPlane, webhook_on: bool) -> None:
     if webhook_on:
         pl.wait_pod_view(wh, cp)  # what was deleted is gone from the webhook's view before new admissions
+        # ... and the reservations of the previous play's jobs have ended (deleted pods end theirs after
+        # noPodsGraceSeconds): otherwise a play right after another "on" play starts with racks held for jobs
+        # that no longer exist, and only "on" plays pay that (an "off" namespace is never judged).
+        deadline = time.monotonic() + 120
+        while pl.live_reservations(wh) > 0 and time.monotonic() < deadline:
+            time.sleep(1.0)
 
 
 def _busy_gpus(cp: ControlPlane) -> dict[str, int]:

@@ -208,6 +208,12 @@ def bind_checks(wh: Webhook) -> dict[str, float]:
     return {f"{outcome}/{reason}": float(n) for outcome, reason, n in re.findall(pattern, _metrics(wh), re.M)}
 
 
+def live_reservations(wh: Webhook) -> float:
+    """Jobs whose reservation still holds GPUs (gpu_admission_placement_reservations)."""
+    m = re.search(r"^gpu_admission_placement_reservations (\S+)$", _metrics(wh), re.M)
+    return float(m.group(1)) if m else -1.0
+
+
 def reservations_ended(wh: Webhook) -> dict[str, float]:
     """Reservations the webhook ended so far, by reason (gpu_admission_placement_reservations_ended_total)."""
     pattern = r'^gpu_admission_placement_reservations_ended_total\{reason="([^"]*)"\} (\S+)$'
