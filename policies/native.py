@@ -478,7 +478,8 @@ def _toleration_patches(policy: Policy) -> str:
         tols = f"{t}.spec.?tolerations"
         missing = [(w, f"!{tols}.orValue([]).exists(x, {_same_toleration('x', w)})") for w in wanted]
         each = " + ".join(f"({cond} ? [{_cel(w)}] : [])" for w, cond in missing)
-        whole = _patch(f"{path} + '/spec/tolerations'", f"{each}")
+        # absent or null: all of them (reading a null list would fail the whole patch, refusing the object)
+        whole = _patch(f"{path} + '/spec/tolerations'", _cel(wanted))
         append = "(" + each + ").map(v, " + _patch(path + " + '/spec/tolerations/-'", "v") + ")"
         absent = f"(!{tols}.hasValue() || {t}.spec.tolerations == null)"
         listed = f"type({tols}.orValue(0)) == list"

@@ -31,13 +31,21 @@ import yaml
 
 from policies import native
 from policies.document import Policy
-from policies.engine import Review, review
+from policies.engine import review
 from policies.userkeys import ENFORCEMENT
-from policies.workloads import effective_kind
 from tests import test_golden as golden
 from tests.e2e import crds
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.webhook import Webhook
+from tests.nativecases import (
+    MUTATING,
+    TOLERATIONS,
+    covered,
+    excepts_native,
+    mutating_cases,
+    native_outcomes,
+    touched,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -92,12 +100,6 @@ def judged(cp: ControlPlane, namespace: str, obj: dict[str, Any]) -> tuple[dict[
     warned = {m[1] for m in WARNED.finditer(p.stderr)}
     other = p.stderr.strip() if p.returncode != 0 and not denied else ""
     return denied, warned, other
-
-
-def native_outcomes(r: Review) -> tuple[dict[str, str], set[str]]:
-    denied = {d.rule: d.message for d in r.denials if d.rule in native.NATIVE_RULES}
-    warned = {x.rule for x in r.results if x.rule in native.NATIVE_RULES and x.outcome == "warn"}
-    return denied, warned
 
 
 def creatable(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
@@ -180,11 +182,10 @@ def test_native_and_webhook_agree_on_every_golden_case_they_cover(
     excepted: list[str] = []
     for path in golden.case_files():
         case = golden.load_case(path)
-        inp = case["input"]
-        if not isinstance(inp, dict) or effective_kind(inp) not in COVERED_KINDS or case.get("xfail"):
+        if not covered(case):
             skipped[golden.case_id(path)] = "kind not matched by the native policies"
             continue
-        if _excepts_native(case):
+        if excepts_native(case):
             excepted.append(golden.case_id(path))  # compared as the webhook's mutating call marks them
         policy = golden.policy_for(case.get("policy"))
         groups.setdefault(_policy_key(policy), []).append((golden.case_id(path), case))
@@ -223,16 +224,6 @@ def test_native_and_webhook_agree_on_every_golden_case_they_cover(
     # The comparison is not vacuous: most cases reach the API server's policies, and they deny and warn.
     assert compared >= 180 and shown["deny"] >= 7 and shown["warn"] >= 12, (compared, shown)
     assert len(excepted) >= 8 and not set(excepted) & {x.split(":")[0] for x in refused}, excepted
-
-
-def _excepts_native(case: dict[str, Any]) -> bool:
-    """The case carries a GPUPolicyException naming a native rule: the policies cannot read exceptions, they
-    read the webhook's mark of them (docs/policy.md, "Native policies")."""
-    for e in case.get("exceptions") or []:
-        rules = ((e or {}).get("spec") or {}).get("rules") or []
-        if isinstance(rules, list) and native.NATIVE_RULES & set(map(str, rules)):
-            return True
-    return False
 
 
 def _settled(
@@ -342,46 +333,6 @@ def _install_exception_crd(cp: ControlPlane) -> None:
 
 # --- mutations: MutatingAdmissionPolicies beside the webhook --------------------------------------------------
 
-TOLERATIONS = [
-    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-    {"key": "gpu-admission.io/dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"},
-]
-# Policies that fill in the inventory-free mutations (the default policy leaves them empty: nothing to add).
-MUTATING: dict[str, dict[str, Any]] = {
-    "kueue": {
-        "gpuNodes": {"tolerations": TOLERATIONS},
-        "training": {"schedulerName": "volcano", "queue": {"system": "kueue", "name": "team-a"},
-                     "priorityClassName": "training-normal"},
-    },
-    "volcano": {
-        "gpuNodes": {"tolerations": TOLERATIONS[:1]},
-        "training": {"queue": {"system": "volcano", "name": "team-b"}, "priorityClassName": "training-low"},
-    },
-}  # fmt: skip
-_QUEUE_KEYS = (*native.QUEUE_LABELS, *native.QUEUE_ANNOTATIONS)
-
-
-def touched(obj: dict[str, Any]) -> Any:
-    """What gpu-toleration and scheduler-queue may write, per template and on the object (tolerations as a set:
-    the API server's own defaults land before or after ours depending on who mutates first)."""
-    from policies.workloads import templates
-
-    def keys(holder: Any) -> dict[str, Any]:
-        meta = holder.get("metadata") if isinstance(holder, dict) else None
-        out = {}
-        for section in ("labels", "annotations"):
-            values = meta.get(section) if isinstance(meta, dict) else None
-            out.update({k: v for k, v in (values or {}).items() if k in _QUEUE_KEYS})
-        return out
-
-    per_template = []
-    for t in templates(obj):
-        spec = t.pod.get("spec") if isinstance(t.pod.get("spec"), dict) else {}
-        tolerations = sorted(json.dumps(x, sort_keys=True) for x in spec.get("tolerations") or [])
-        per_template.append((tolerations, spec.get("schedulerName"), spec.get("priorityClassName"), keys(t.pod)))
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
-    return per_template, keys(obj), spec.get("queue")
-
 
 def created_json(cp: ControlPlane, namespace: str, obj: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     p = cp.kubectl("create", "--dry-run=server", "-n", namespace, "-o", "json", "-f", "-", input=obj, check=False)
@@ -462,7 +413,6 @@ def test_native_and_webhook_mutations_agree_on_every_golden_case_they_cover(
     from dataclasses import replace
 
     from policies.engine import review
-    from webhook.suite import deep_merge
 
     cp = control_plane
     namespaces: dict[str, str] = {}
@@ -484,18 +434,12 @@ def test_native_and_webhook_mutations_agree_on_every_golden_case_they_cover(
     compared, refused, not_native, mutated, mismatches = 0, [], 0, 0, []
     for variant, settings in MUTATING.items():
         groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-        for path in golden.case_files():
-            case = golden.load_case(path)
-            inp = case["input"]
-            if not isinstance(inp, dict) or effective_kind(inp) not in COVERED_KINDS or case.get("xfail"):
-                continue
-            case = {**case, "policy": deep_merge(copy.deepcopy(case.get("policy") or {}), settings)}
-            policy = golden.policy_for(case["policy"])
+        for cid, case, policy in mutating_cases(settings):
             if not native.native_mutations(policy):
                 not_native += 1  # e.g. the case's own gang-scheduler settings keep scheduler-queue in the webhook
                 continue
             key = _policy_key(policy, "Mutating")
-            groups.setdefault(key, []).append((golden.case_id(path), case))
+            groups.setdefault(key, []).append((cid, case))
         for cases in groups.values():
             group = f"g{next(group_numbers)}"
             group_policy = golden.policy_for(cases[0][1]["policy"])
