@@ -1,10 +1,11 @@
 # gpu-admission: `make demo` runs the product on its embedded default, `make test` runs every test.
 # Both do all set-up themselves (Python packages, control-plane binaries built from Go modules; `make test` also
-# helm from Go modules and the container image with buildah; all cached outside the repository).
+# helm from Go modules, the container image with buildah and the native policies' CEL evaluator; all cached
+# outside the repository).
 PYTHON ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: setup controlplane controlplane-oldest helm image lint test test-fast demo bench soak kind-e2e mutmut
+.PHONY: setup controlplane controlplane-oldest helm image celeval lint test test-fast demo bench soak kind-e2e mutmut
 
 setup:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -26,15 +27,20 @@ helm:
 image:
 	bash scripts/image/build.sh
 
+# The CEL evaluator the native policies' unit tests run (tests/celeval: the API server's own admission code,
+# its Go modules from the module proxy; cached, rebuilt when its sources change).
+celeval:
+	$(PYTHON) -m tests.celeval
+
 lint: setup
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
 
-test: setup controlplane controlplane-oldest helm image lint
+test: setup controlplane controlplane-oldest helm image celeval lint
 	$(PYTHON) -m pytest -q
 	$(OLDEST) $(PYTHON) -m pytest -q -m e2e tests/e2e/test_oldest_smoke.py
 
-test-fast: setup helm
+test-fast: setup helm celeval
 	$(PYTHON) -m pytest -q -m 'not e2e'
 
 demo: setup controlplane
