@@ -12,9 +12,9 @@ are kept once, not in the Reflector's dict as well; `get` and the changes the vi
 A job's counts per node are one flat tuple (`NodeCounts`).
 
 Another reader of the same watch (the post-launch ledger, webhook/ledger.py) gets its few fields without a
-watch or pod objects of its own: the view's optional `note` reader adds a small hashable value to each GPU
-pod's entry (`PodEntry.note`), equal notes of recent pods shared, and the listener reads it from the view's
-changes.
+watch or pod objects of its own: the view's optional `note` reader adds a small hashable value to the entry
+each pod event makes (`PodEntry.note`), and the listener reads it from the change. The note is not cached:
+the ledger never reads an old one (it keeps what it needs of the pods it tracks), so the view keeps none.
 
 GPUs a pod gets through ResourceClaims (DRA) are not in the pod: they are the devices allocated in the claim's
 status. `apply_claim` counts them from a ResourceClaim list + watch, per claim on the node its allocation is
@@ -147,7 +147,7 @@ def entry(obj: Any, read: Reader, note: Noter | None = None) -> PodEntry | None:
 
 def _noted(obj: Any, note: Noter) -> Hashable:
     try:
-        return _shared_note(note(obj))
+        return note(obj)
     except (ValueError, TypeError, AttributeError):
         return None
 
@@ -159,22 +159,6 @@ MAX_SHARED_GPUS = 4096  # distinct GPU requests kept shared (a cluster has a few
 def _shared(gpus: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
     """One tuple object per distinct request, up to MAX_SHARED_GPUS."""
     return shared(_GPUS, gpus, gpus, MAX_SHARED_GPUS)
-
-
-_NOTES: dict[Hashable, Hashable] = {}
-MAX_SHARED_NOTES = 256  # recent notes kept to share (a gang's pods come together), cleared when full
-
-
-def _shared_note(note: Hashable) -> Hashable:
-    """One object per distinct note among recent ones: the pods of a gang, created and bound in the same
-    second, share theirs (~100 bytes a pod otherwise)."""
-    hit = _NOTES.get(note)
-    if hit is not None:
-        return hit
-    if len(_NOTES) >= MAX_SHARED_NOTES:
-        _NOTES.clear()
-    _NOTES[note] = note
-    return note
 
 
 def claim_entry(obj: Any, read: ClaimReader) -> PodEntry | None:
@@ -202,7 +186,7 @@ class PodView:
         on_pending: Callable[[str, str], None] | None = None,
     ) -> None:
         self._read = read
-        self._note = note  # kept in each GPU pod's entry, for the listeners of the view's changes
+        self._note = note  # read into the entry of each pod event, for the listeners of the view's changes (not cached)
         self._read_claim = read_claim
         self._claims = PodTable()
         # Told the job of every pod that starts holding its GPUs (bound), on the applying thread, unlocked.

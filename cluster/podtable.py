@@ -5,19 +5,19 @@ bytes a pod (docs/benchmarks.md §4). Here a pod is a slot: its key as the id of
 of up to 8 characters packed into an int (`split_key`: the pods of one controller share the head, so no key
 string per pod), found through an open-addressing index of slot numbers; its node, job, phase and GPU request
 as ids of interned values (cluster/interned.py, counted so that values no pod uses any more are forgotten);
-its resourceVersion as an int (every API server writes decimal ones; any other text is kept aside for its
-slot); and a reference to its note (the ledger's fields, shared between the pods of a gang). A deleted pod's
-slot is reused by the next one.
+and its resourceVersion as an int (every API server writes decimal ones; any other text is kept aside for its
+slot). A deleted pod's slot is reused by the next one.
 
-`get` rebuilds the pod's `PodEntry` (the same strings, request tuple and note objects that went in, the key
-text rebuilt), so readers see entries as before; `put`, `pop` and `get` cost O(1). Not thread-safe: the pod
-view holds its lock around every call.
+An entry's `note` is not kept: it rides the change that carries the entry (the ledger reads the note of each
+change as it happens, never a cached one), and a note per pod was ~78 of the 223 bytes a GPU pod cost with the
+ledger on (docs/benchmarks.md §4). `get` rebuilds the pod's `PodEntry` (the same strings and request tuple that
+went in, the key text rebuilt, no note), so readers see entries as before; `put`, `pop` and `get` cost O(1).
+Not thread-safe: the pod view holds its lock around every call.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,9 @@ class PodEntry:
     phase: str = ""
     key: str = ""  # namespace/name (the Reflector's key, the same string)
     version: str | None = None  # metadata.resourceVersion (the Reflector compares it on a relist)
-    note: Any = None  # what the view's `note` reader keeps besides (the ledger's fields), None without one
+    # What the view's `note` reader read besides (the ledger's fields), for the change this entry rides; None
+    # without one, and always None once stored (PodTable keeps no note).
+    note: Any = None
 
     @property
     def holding(self) -> bool:
@@ -50,7 +52,7 @@ _NODE, _GPUS, _JOB, _PHASE, _KEY, _VERSION, _NOTE = (
 _new = object.__new__
 
 
-def _rebuilt(node: str, gpus: Any, job: str | None, phase: str, key: str, version: str | None, note: Any) -> PodEntry:
+def _rebuilt(node: str, gpus: Any, job: str | None, phase: str, key: str, version: str | None) -> PodEntry:
     e: PodEntry = _new(PodEntry)
     _NODE(e, node)
     _GPUS(e, gpus)
@@ -58,7 +60,7 @@ def _rebuilt(node: str, gpus: Any, job: str | None, phase: str, key: str, versio
     _PHASE(e, phase)
     _KEY(e, key)
     _VERSION(e, version)
-    _NOTE(e, note)
+    _NOTE(e, None)
     return e
 
 
@@ -176,7 +178,6 @@ class PodTable:
         "_index",
         "_job",
         "_node",
-        "_notes",
         "_odd",
         "_own",
         "_phase",
@@ -199,7 +200,6 @@ class PodTable:
         self._gpus = array("i")
         self._phase = array("i")
         self._version = array("q")  # the int, _NO_VERSION, or _ODD_VERSION (its text in _odd)
-        self._notes: list[Hashable] = []
         self._odd: dict[int, str] = {}  # slot -> a resourceVersion that is not a plain decimal
         self._own: dict[int, str] = {}  # slot -> the entry's own key, when not the table's key
         self.heads: Interned[str] = Interned()
@@ -234,7 +234,6 @@ class PodTable:
         self._gpus[slot] = self.requests.acquire(e.gpus)
         self._phase[slot] = self.phases.acquire(e.phase)
         self._version[slot] = self._encode(slot, e.version)
-        self._notes[slot] = e.note
         if e.key != key:
             self._own[slot] = e.key
         return old
@@ -250,7 +249,6 @@ class PodTable:
         self._release(slot)
         self.heads.release(hid)
         self._head[slot] = _FREE
-        self._notes[slot] = None
         self._free.append(slot)
         return old
 
@@ -280,7 +278,6 @@ class PodTable:
             slot = self._free.pop()
         else:
             slot = len(self._head)
-            self._notes.append(None)
             for column in (self._head, self._tail, self._node, self._job, self._gpus, self._phase, self._version):
                 column.append(0)
         self._head[slot] = self.heads.acquire(head)
@@ -318,5 +315,4 @@ class PodTable:
             self.phases.value(self._phase[slot]),
             own if own is not None else key,
             str(v) if v >= 0 else self._odd[slot] if v == _ODD_VERSION else None,
-            self._notes[slot],
         )

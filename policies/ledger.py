@@ -114,8 +114,8 @@ def _inference_owner(namespace: str, labels: Mapping[str, Any], owner: tuple[str
 
 
 class Note(NamedTuple):
-    """What the pod view keeps of a GPU pod for the ledger, beside its node and GPUs (`PodEntry.note`): small
-    and hashable, so equal notes (the pods of a gang created and bound in the same second) share one tuple."""
+    """What the pod view reads of a GPU pod for the ledger, beside its node and GPUs (`PodEntry.note`), with
+    each pod event: small and hashable. The view does not keep it (the ledger reads the note of each change)."""
 
     group: str | None  # the job or inference workload; None: a bare pod, its own one-pod job
     workload: str  # one of CLASSES

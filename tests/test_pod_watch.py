@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import copy
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from cluster import pods as pods_mod
 from cluster.pods import PodEntry, PodView
 from policies import ledger as L
 from policies.subject import pod_facts
-from tests.test_kubeclient import KubeTestServer, Recorded, Reply, Stream, api, client_for, event_line, tls_dir  # noqa: F401  (the scripted API server's fixtures)
+from tests.test_kubeclient import KubeTestServer, Recorded, Reply, Stream, api, client_for, event_line, node, tls_dir  # noqa: F401  (the scripted API server's fixtures)
 from tests.test_ledger import stamp
 from tests.test_node_watch import wait_for
 from tests.test_placement import bound_pod
@@ -110,11 +110,9 @@ def test_one_pod_watch_feeds_the_view_and_the_ledger_with_entries_only(
     api: KubeTestServer,  # noqa: F811
     tls_dir: Path,  # noqa: F811
 ) -> None:
-    """With the ledger on, the cache still holds one PodEntry per GPU pod (its note the ledger's few fields, no
-    pod object), the tracker gets its facts from the view's changes, and the pods are listed and watched once."""
-    # The shared-notes cache is process-wide and cleared when full: earlier tests could fill it to its limit
-    # between w0 and w1 (seen once in a full run), so start it empty.
-    pods_mod._NOTES.clear()
+    """With the ledger on, the cache still holds one PodEntry per GPU pod and no note (no pod object, none of the
+    ledger's fields), the tracker gets its facts from the notes of the view's changes, and the pods are listed
+    and watched once."""
     now = float(int(time.time()))
     w0 = _job_pod("w0", "h100-1", "5", now - 3, now - 2, "j")
     w1 = _job_pod("w1", "", "6", now - 3, None, "j")
@@ -139,8 +137,7 @@ def test_one_pod_watch_feeds_the_view_and_the_ledger_with_entries_only(
             wait_for(lambda: len(rows) == 2 and state.ledger.sizes["groups"] == 1)
             cached = refl.snapshot()
             assert sorted(cached) == ["ml-research/bare", "ml-research/old", "ml-research/w0", "ml-research/w1"]
-            assert all(isinstance(e, PodEntry) and isinstance(e.note, L.Note) for e in cached.values())
-            assert cached["ml-research/w0"].note is cached["ml-research/w1"].note  # equal notes shared
+            assert all(isinstance(e, PodEntry) and e.note is None for e in cached.values())  # the changes had them
             by_group = {r.group: r for r in rows}
             j = by_group["ml-research/batch.kubernetes.io/job-name=j"]
             assert (j.outcome, j.pods, j.bound, j.pending_s) == ("one-domain", 2, 2, 1.0)
@@ -167,3 +164,82 @@ class ListedScript(Script):
         if r.path == "/api/v1/pods" and r.query.get("watch") != "true":
             return Reply(200, {"kind": "PodList", "items": self.listed, "metadata": {"resourceVersion": "10"}})
         return super().__call__(r)
+
+
+class SlowNodes:
+    """The Node list answered once `release` is set (or an error `status` at once); the watch held open."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.release, self.status = threading.Event(), status
+
+    def __call__(self, r: Recorded) -> Reply | Stream | None:
+        if r.path != "/api/v1/nodes":
+            return None
+        if r.query.get("watch") == "true":
+            return Stream([], hold_open=True)
+        if self.status != 200:
+            return Reply(self.status, {"kind": "Status", "code": self.status, "reason": "Forbidden"})
+        self.release.wait(20)
+        return Reply(200, {"kind": "NodeList", "items": [node("h100-1", "1")], "metadata": {"resourceVersion": "2"}})
+
+
+def test_the_pod_watch_starts_once_the_first_node_list_is_built(
+    api: KubeTestServer,  # noqa: F811
+    tls_dir: Path,  # noqa: F811
+) -> None:
+    """Both first lists at once fragment the heap (docs/benchmarks.md §4): the pods are listed only after the
+    Node inventory is built, /readyz saying why meanwhile; readiness does not wait for the pod view."""
+    nodes = SlowNodes()
+    api.route(nodes)
+    api.route(Script([]))
+    state = State()
+    with client_for(api, tls_dir) as client:
+        state.watch_nodes(client)
+        refl = state.watch_pods(client)
+        try:
+            wait_for(lambda: api.requests_to("/api/v1/nodes"))
+            time.sleep(0.5)
+            assert api.requests_to("/api/v1/pods") == [] and state.pods_waiting
+            ready, details = state.ready()
+            assert not ready and details["podView"]["note"].startswith("pod watch starts once the Node inventory")
+            nodes.release.set()
+            assert refl.wait_synced(20)
+            assert state.status.inventory_synced and not state.pods_waiting
+            assert state.ready()[0] and state.pods is not None and state.pods.snapshot().pods == 2
+        finally:
+            state.stop()
+
+
+def test_a_failing_node_list_does_not_hold_the_pod_watch(
+    api: KubeTestServer,  # noqa: F811
+    tls_dir: Path,  # noqa: F811
+) -> None:
+    api.route(SlowNodes(status=403))
+    api.route(Script([]))
+    state = State()
+    with client_for(api, tls_dir) as client:
+        state.watch_nodes(client)
+        refl = state.watch_pods(client)
+        try:
+            assert refl.wait_synced(20)
+            assert not state.status.inventory_synced and not state.pods_waiting
+        finally:
+            state.stop()
+
+
+def test_a_stop_while_the_pod_watch_waits_never_starts_it(
+    api: KubeTestServer,  # noqa: F811
+    tls_dir: Path,  # noqa: F811
+) -> None:
+    nodes = SlowNodes()
+    api.route(nodes)
+    api.route(Script([]))
+    state = State()
+    with client_for(api, tls_dir) as client:
+        state.watch_nodes(client)
+        refl = state.watch_pods(client)
+        wait_for(lambda: api.requests_to("/api/v1/nodes"))
+        state.stop()
+        nodes.release.set()
+        time.sleep(0.5)
+        assert not refl.running and api.requests_to("/api/v1/pods") == []

@@ -1,8 +1,9 @@
 """The server's post-launch ledger (issue #18): what became of each job it admitted, kept from the pod watch.
 
 Fed by the pod view's changes (`State.watch_pods`: one Pod list + watch for both): with the ledger on, the
-view's transform also keeps a small note per GPU pod in its entry (`policies.ledger.Note`: job or workload,
-class, creation and PodScheduled times; equal notes shared), so no pod object is kept for the ledger. Rows
+view's transform also reads a small note into the entry of each GPU pod event (`policies.ledger.Note`: job or
+workload, class, creation and PodScheduled times), so no pod object is kept for the ledger. The view caches
+no note (a change's note is all the tracker reads; it keeps its own facts of the pods it tracks). Rows
 are made by the pure `policies/ledger.py`. A job is *final* once every pod is bound, or `window` seconds after its first
 pod was created (then partly bound or never bound), or when evicted to make room; at that moment it is
 counted in the metrics and, when an audit log is configured, a follow-up record with its outcome is written
