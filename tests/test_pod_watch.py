@@ -4,14 +4,17 @@ garbage is counted and forgotten, and the view's counts follow binds, ends and d
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cluster.pods import PodEntry, PodView
+from cluster.reflector import Reflector
 from policies import ledger as L
 from policies.subject import pod_facts
 from tests.test_kubeclient import KubeTestServer, Recorded, Reply, Stream, api, client_for, event_line, node, tls_dir  # noqa: F401  (the scripted API server's fixtures)
@@ -183,48 +186,46 @@ class SlowNodes:
         return Reply(200, {"kind": "NodeList", "items": [node("h100-1", "1")], "metadata": {"resourceVersion": "2"}})
 
 
-def test_the_pod_watch_starts_once_the_first_node_list_is_built(
-    api: KubeTestServer,  # noqa: F811
-    tls_dir: Path,  # noqa: F811
-) -> None:
-    """Both first lists at once fragment the heap (docs/benchmarks.md §4): the pods are listed only after the
-    Node inventory is built, /readyz saying why meanwhile; readiness does not wait for the pod view."""
-    nodes = SlowNodes()
+@contextlib.contextmanager
+def nodes_then_pods(api: KubeTestServer, tls_dir: Path, nodes: SlowNodes) -> Iterator[tuple[State, Reflector]]:  # noqa: F811
+    """A State watching Nodes (answered by `nodes`) and pods (LISTED), as `serve` starts them; stopped after."""
     api.route(nodes)
     api.route(Script([]))
     state = State()
     with client_for(api, tls_dir) as client:
         state.watch_nodes(client)
-        refl = state.watch_pods(client)
         try:
-            wait_for(lambda: api.requests_to("/api/v1/nodes"))
-            time.sleep(0.5)
-            assert api.requests_to("/api/v1/pods") == [] and state.pods_waiting
-            ready, details = state.ready()
-            assert not ready and details["podView"]["note"].startswith("pod watch starts once the Node inventory")
-            nodes.release.set()
-            assert refl.wait_synced(20)
-            assert state.status.inventory_synced and not state.pods_waiting
-            assert state.ready()[0] and state.pods is not None and state.pods.snapshot().pods == 2
+            yield state, state.watch_pods(client)
         finally:
             state.stop()
+
+
+def test_the_pod_watch_starts_once_the_first_node_list_is_built(
+    api: KubeTestServer,  # noqa: F811
+    tls_dir: Path,  # noqa: F811
+) -> None:
+    """Both first lists at once fragment the heap (docs/benchmarks.md §4): the pods are listed only after the
+    Node inventory is built, /readyz saying why meanwhile."""
+    nodes = SlowNodes()
+    with nodes_then_pods(api, tls_dir, nodes) as (state, refl):
+        wait_for(lambda: api.requests_to("/api/v1/nodes"))
+        time.sleep(0.5)
+        assert api.requests_to("/api/v1/pods") == [] and state.pods_waiting
+        ready, details = state.ready()
+        assert not ready and details["podView"]["note"].startswith("pod watch starts once the Node inventory")
+        nodes.release.set()
+        assert refl.wait_synced(20)
+        assert state.status.inventory_synced and not state.pods_waiting
+        assert state.ready()[0] and state.pods is not None and state.pods.snapshot().pods == 2
 
 
 def test_a_failing_node_list_does_not_hold_the_pod_watch(
     api: KubeTestServer,  # noqa: F811
     tls_dir: Path,  # noqa: F811
 ) -> None:
-    api.route(SlowNodes(status=403))
-    api.route(Script([]))
-    state = State()
-    with client_for(api, tls_dir) as client:
-        state.watch_nodes(client)
-        refl = state.watch_pods(client)
-        try:
-            assert refl.wait_synced(20)
-            assert not state.status.inventory_synced and not state.pods_waiting
-        finally:
-            state.stop()
+    with nodes_then_pods(api, tls_dir, SlowNodes(status=403)) as (state, refl):
+        assert refl.wait_synced(20)
+        assert not state.status.inventory_synced and not state.pods_waiting
 
 
 def test_a_stop_while_the_pod_watch_waits_never_starts_it(
@@ -232,12 +233,7 @@ def test_a_stop_while_the_pod_watch_waits_never_starts_it(
     tls_dir: Path,  # noqa: F811
 ) -> None:
     nodes = SlowNodes()
-    api.route(nodes)
-    api.route(Script([]))
-    state = State()
-    with client_for(api, tls_dir) as client:
-        state.watch_nodes(client)
-        refl = state.watch_pods(client)
+    with nodes_then_pods(api, tls_dir, nodes) as (state, refl):
         wait_for(lambda: api.requests_to("/api/v1/nodes"))
         state.stop()
         nodes.release.set()
