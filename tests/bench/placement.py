@@ -81,6 +81,7 @@ class Run:
     allocation: list[float] = field(default_factory=list)  # per step, bound GPUs / all GPUs
     partial_gpus: list[int] = field(default_factory=list)  # per step, GPUs bound to jobs not running
     seconds: float = 0.0
+    namespace: str = ""
 
 
 def stream(seed: int, jobs: int, arrivals_per_step: float = 0.8) -> list[JobSpec]:
@@ -116,7 +117,7 @@ def room_somewhere(free: dict[str, list[int]], sizes: tuple[int, ...]) -> bool:
 def run_real(cp: ControlPlane, wh: Webhook, specs: list[JobSpec], webhook_on: bool, racks: dict[str, str]) -> Run:
     labels = {} if webhook_on else {"gpu-admission.io/enforcement": "off"}
     ns = pl.new_namespace(cp, "bench-on" if webhook_on else "bench-off", labels)
-    run = Run({s.name: JobState(s) for s in specs})
+    run = Run({s.name: JobState(s) for s in specs}, namespace=ns)
     total = len(racks) * GPUS_PER_NODE
     busy = _busy_gpus(cp)
     t0 = time.monotonic()
@@ -148,6 +149,22 @@ def run_real(cp: ControlPlane, wh: Webhook, specs: list[JobSpec], webhook_on: bo
     cp.kubectl("delete", "jobs", "--all", "-n", ns, "--cascade=orphan", "--wait=false", check=False)
     cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
     return run
+
+
+def admissions_of_split(wh: Webhook, run: Run) -> dict[str, Any]:
+    """For each job of an "on" play that ran across racks although a rack had room at submission (the bench's
+    reckoning): what the webhook decided at its admission, from its audit log (pinned or not, and the warning
+    that says why not) — whether the webhook saw the room the bench reckoned."""
+    split = {n for n, j in run.jobs.items() if len(j.racks) > 1 and j.room_at_submit and j.spec.pods > 1}
+    if not split:
+        return {}
+    out: dict[str, Any] = {}
+    for rec in wh.audit_records():
+        if rec.get("namespace") == run.namespace and rec.get("name") in split and rec.get("kind") == "Job":
+            patch = [op.get("value") for op in rec.get("patch") or [] if "affinity" in str(op.get("path", ""))]
+            out[rec["name"]] = {"webhook": rec.get("webhook"), "mutations": rec.get("mutations"),
+                                "warnings": rec.get("warnings"), "affinity": str(patch)[:400]}  # fmt: skip
+    return out
 
 
 def wh_ready(wh: Webhook, cp: ControlPlane, webhook_on: bool) -> None:
@@ -369,7 +386,10 @@ def run(
                 result: dict[str, Any] = {}
                 for mode in modes:
                     key = mode if mode not in result else f"{mode}#{sum(k.startswith(mode) for k in result) + 1}"
-                    result[key] = summary(run_real(cp, wh, specs, mode == "on", racks), specs[-1].arrive)
+                    played = run_real(cp, wh, specs, mode == "on", racks)
+                    result[key] = summary(played, specs[-1].arrive)
+                    if mode == "on":
+                        result[key]["split_with_room_admission"] = admissions_of_split(wh, played)
                     checks = pl.bind_checks(wh)  # reserved-bind, since the server started (one per layout)
                     result[key]["bind_checks"] = checks
                     result[key]["binds_refused"] = sum(n for k, n in checks.items() if k.startswith("deny/"))
