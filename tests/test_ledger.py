@@ -587,3 +587,208 @@ def test_free_profile_caps() -> None:
         by_rack[name.split("-")[0]] = by_rack.get(name.split("-")[0], 0) + 1
     assert (by_rack["r0"], by_rack["r1"], by_rack["r2"]) == (40, 32, 32)  # r0: its 32 and 8 more of the 64 overall
     assert len(by_rack) == 64 and len(kept) == 40 + 32 + 32 + 61
+
+
+# -- what the second mutation run of ledger.py left alive (session 8) -----------------------------------------
+# Each scenario is a dump `build` reads; the comments say which wrong bookkeeping it tells apart.
+
+JOB = "batch.kubernetes.io/job-name"
+
+
+def job(name: str, *placed: tuple[str, float | None, int], created: float = T0) -> list[dict[str, Any]]:
+    """The pods of Job `name`: (node or "" for pending, PodScheduled time or None, GPUs) each."""
+    return [
+        pod(f"{name}-{i}", labels={JOB: name}, owner=("Job", name), node=node, created=created, scheduled=at, gpus=g)
+        for i, (node, at, g) in enumerate(placed)
+    ]
+
+
+def built(t: L.Topology, *pods: list[dict[str, Any]], **kw: Any) -> dict[str, L.JobRow]:
+    ledger = L.build([p for group in pods for p in group], t, kw.pop("admissions", {}), now=T0 + 1000, **kw)
+    return {r.group.rsplit("=", 1)[-1]: r for r in ledger.jobs}
+
+
+def test_a_bind_in_the_same_second_as_a_jobs_creation_was_taken_before_it() -> None:
+    """x binds a-1 in the second j is created (the API server's times are whole seconds): j's best had only
+    a-2 in rack a, so crossing racks was the best it could get. The same when x's bind time is unknown (a
+    pod bound without a PodScheduled condition counts as bound before everything)."""
+    t = topo({"a": 2, "b": 1})
+    j = job("j", ("a-2", T0 + 20, 8), ("b-1", T0 + 20, 8), created=T0 + 10)
+    for x_bound in (T0 + 10, None):
+        rows = built(t, job("x", ("a-1", x_bound, 8)), j)
+        assert (rows["j"].best, rows["j"].placement, rows["j"].comm_ratio) == ("cross-rack", "cross-rack", 1.0)
+    rows = built(t, job("x", ("a-1", T0 + 11, 8)), j)  # a second later: a-1 was free when j was created
+    assert (rows["j"].best, rows["j"].comm_ratio) == ("intra-rack", pytest.approx(1.125))
+
+
+def test_a_jobs_own_pods_bound_when_it_was_created_are_free_for_its_best() -> None:
+    """j's two 4-GPU pods bind a-1 in its creation second; x and y fill the other nodes. The GPUs j holds
+    itself are free for its best (one node), every bind up to that second being counted once."""
+    t = topo({"a": 2, "b": 1})
+    others = job("x", ("a-2", T0, 8)), job("y", ("b-1", T0, 8))
+    rows = built(t, *others, job("j", ("a-1", T0 + 10, 4), ("a-1", T0 + 10, 4), created=T0 + 10))
+    j = rows["j"]
+    assert (j.best, j.outcome, j.placement, j.best_ms, j.comm_ratio) == ("intra-node", "one-domain", "intra-node",
+                                                                         j.actual_ms, 1.0)  # fmt: skip
+    # Its own pod bound without a PodScheduled time is its own too.
+    rows = built(t, *others, job("j", ("a-1", None, 8), created=T0 + 10))
+    assert rows["j"].best == "intra-node"
+    # One GPU more than the free node holds: no best (not a node's GPU counted twice).
+    rows = built(t, *others, job("j", ("a-1", T0 + 10, 8), ("", None, 1), created=T0 + 10))
+    assert (rows["j"].best, rows["j"].outcome) == (None, "partly-bound")
+
+
+def test_every_bind_before_a_job_counts_on_its_node() -> None:
+    t = topo({"a": 2, "b": 1})
+    full = job("w", ("b-1", T0, 8))
+    # Two pods of x on a-1: 8 used, so rack a has one 4-GPU gap (a-2) and j fits nowhere.
+    rows = built(t, full, job("x", ("a-1", T0, 4), ("a-1", T0, 4)), job("y", ("a-2", T0, 4)),
+                 job("j", ("", None, 4), ("", None, 4), created=T0 + 10))  # fmt: skip
+    assert rows["j"].best is None
+    # One pod on each of a-1 and a-2: 4 + 4 free in rack a, exactly j.
+    rows = built(t, full, job("x", ("a-1", T0, 4)), job("y", ("a-2", T0, 4)),
+                 job("j", ("", None, 4), ("", None, 4), created=T0 + 10))  # fmt: skip
+    assert rows["j"].best == "intra-rack"
+
+
+def test_shared_and_one_gpu_nodes_in_the_free_gpus() -> None:
+    """A time-sliced node is never a best placement however free; a node with one whole GPU is one."""
+    t = topo({"s": 1, "a": 2}, shared=frozenset({"s-1"}))
+    rows = built(t, job("x", ("a-1", T0, 4)), job("y", ("a-2", T0, 4)),
+                 job("j", ("", None, 4), ("", None, 4), created=T0 + 10))  # fmt: skip
+    assert rows["j"].best == "intra-rack"  # a-1 and a-2's gaps, not the free shared s-1
+    rows = built(topo({"a": 1}, gpus=1), job("j", ("a-1", T0, 1)))
+    assert (rows["j"].best, rows["j"].comm_ratio) == ("intra-node", 1.0)
+
+
+def test_build_reads_past_garbage_counts_each_and_keeps_pods_without_times() -> None:
+    t = topo({"a": 2})
+    k = job("k", ("a-2", T0 + 5, 8))
+    del k[0]["metadata"]["creationTimestamp"]  # no creation time: its row comes last, pending unknown
+    ledger = L.build(["garbage", *job("j", ("a-1", T0 + 1, 8)), 5, *k], t, {}, now=T0 + 100)
+    assert ledger.skipped == 2
+    assert [(r.group, r.created, r.pending_s) for r in ledger.jobs] == [(f"ml/{JOB}=j", T0, 1.0),
+                                                                        (f"ml/{JOB}=k", None, None)]  # fmt: skip
+
+
+def test_build_gives_each_job_its_admission_and_the_model() -> None:
+    """An admission of a job with pods lands on its row (one row, not a second empty one); an inference
+    workload's admission makes no job row; the comm model reaches every row."""
+    t = topo({"a": 2})
+    allow = L.Admission("uid-j", T0 - 1, "allow", ("training-rack",), "training")
+    web = L.Admission("uid-w", T0, "allow", (), "inference")
+    slow = L.Comm(bandwidths=comm.Bandwidths(network_gbps=25.0))
+    admissions = {f"ml/{JOB}=j": allow, "ml/Deployment/web": web}
+    ledger = L.build(job("j", ("a-1", T0 + 2, 8), ("a-2", T0 + 2, 8)), t, admissions, now=T0 + 9, model=slow)
+    [row] = ledger.jobs
+    assert (row.uid, row.admitted, row.rules, row.pending_s) == ("uid-j", T0 - 1, ("training-rack",), 2.0)
+    assert row.actual_ms == comm.spread_ms(slow.size_bytes, (8, 8), False, slow.bandwidths)
+    assert row.best_ms == row.actual_ms and row.comm_ratio == 1.0
+
+
+def test_topology_of_a_real_inventory_marks_mig_and_time_sliced_nodes_shared() -> None:
+    from tests import test_golden as golden
+
+    inv = golden.inventory_for(golden.DEFAULT_NODES, golden.policy_for(None))
+    t = L.topology_of(inv)
+    assert {n: (f.gpus, f.shared) for n, f in t.nodes.items()} == {
+        "h100-a-1": (8, False), "h100-a-2": (8, False), "h100-b-1": (8, False), "h100-b-2": (8, False),
+        "a100-mig-1": (2, True), "l4-ts-1": (0, True),
+    }  # fmt: skip
+    assert L.free_of(t, {}) == {"h100-a-1": 8, "h100-a-2": 8, "h100-b-1": 8, "h100-b-2": 8}
+
+
+def test_free_of_a_node_nothing_holds_and_of_a_one_gpu_node() -> None:
+    t = L.Topology((("rack", "switch"),), {"a": L.NodeFact({"rack": "r1"}, 8, False),
+                                           "one": L.NodeFact({"rack": "r1"}, 1, False)})  # fmt: skip
+    assert L.free_of(t, {}) == {"a": 8, "one": 1}
+
+
+def test_best_placement_prefers_a_rack_that_holds_the_job_to_the_roomiest_nodes() -> None:
+    """a-1 is the roomiest node, but only rack b holds both pods: intra-rack, not a-1 plus a node of b."""
+    t = topo({"a": 1, "b": 2})
+    best = L.best_placement([4, 4], {"a-1": 6, "b-1": 4, "b-2": 4}, t, L.Comm())
+    assert best is not None and (best.placement, best.per_node) == ("intra-rack", (4, 4))
+
+
+def test_best_placement_packs_the_roomiest_node_first_and_the_largest_pod_first() -> None:
+    t = topo({"a": 3})
+    best = L.best_placement([4, 4], {"a-1": 4, "a-2": 4, "a-3": 8}, t, L.Comm())
+    assert best is not None and best.placement == "intra-node"  # both on a-3, not one on a-1 and a-2
+    best = L.best_placement([2, 6], {"a-1": 6, "a-2": 2}, t, L.Comm())
+    assert best is not None and (best.placement, best.per_node) == ("intra-rack", (6, 2))  # 6 first, then 2
+
+
+def test_best_placement_reads_only_known_nodes_with_free_gpus_and_unlabelled_ones_only_as_a_fallback() -> None:
+    t = topo({"a": 2})
+    assert L.best_placement([8], {"ghost": 8, "a-1": 4}, t, L.Comm()) is None  # ghost: not a GPU node we know
+    one = L.best_placement([1], {"a-1": 1}, t, L.Comm())
+    assert one is not None and one.placement == "intra-node"
+    t.nodes["bare"] = L.NodeFact({}, 8, False)  # type: ignore[index]
+    # bare would hold both pods on one node, but it has no rack label: rack a's placement is the best.
+    best = L.best_placement([4, 4], {"bare": 8, "a-1": 4, "a-2": 4}, t, L.Comm())
+    assert best is not None and best.placement == "intra-rack"
+
+
+def test_best_placement_does_not_depend_on_the_order_of_the_free_gpus() -> None:
+    """The cluster-wide fallback takes the roomiest nodes, equal ones by name: a-1 and b-1 (across racks),
+    whichever order the free map lists them in (z has no rack label)."""
+    t = topo({"a": 1, "b": 1})
+    t.nodes["z"] = L.NodeFact({}, 8, False)  # type: ignore[index]
+    for free in ({"a-1": 8, "b-1": 8, "z": 8}, {"z": 8, "b-1": 8, "a-1": 8}):
+        best = L.best_placement([8, 8], free, t, L.Comm())
+        assert best is not None and best.placement == "cross-rack", free
+
+
+def test_best_placement_times_with_the_model_it_is_given() -> None:
+    slow = L.Comm(bandwidths=comm.Bandwidths(network_gbps=25.0))
+    in_rack = L.best_placement([8, 8], {"a-1": 8, "a-2": 8}, topo({"a": 2}), slow)
+    assert in_rack is not None and in_rack.ms == comm.spread_ms(slow.size_bytes, (8, 8), False, slow.bandwidths)
+    across = L.best_placement([8, 8], {"a-1": 8, "b-1": 8}, topo({"a": 1, "b": 1}), slow)
+    assert across is not None and across.placement == "cross-rack"
+    assert across.ms == comm.spread_ms(slow.size_bytes, (8, 8), True, slow.bandwidths)
+    t = topo({"a": 1})
+    t.nodes["u1"] = L.NodeFact({}, 8, False)  # type: ignore[index]
+    t.nodes["u2"] = L.NodeFact({}, 8, False)  # type: ignore[index]
+    unknown = L.best_placement([8, 8], {"u1": 8, "u2": 8}, t, L.Comm())  # no rack label: not known to cross
+    assert unknown is not None and (unknown.placement, unknown.ms) == ("intra-rack", comm.spread_ms(
+        comm.DEFAULT_MESSAGE_BYTES, (8, 8), False))  # fmt: skip
+
+
+def test_free_profile_keeps_the_overall_roomiest_the_free_nodes_only_and_racks_by_free_total() -> None:
+    t = topo({"a": 100}, gpus=100)
+    kept = L.free_profile({f"a-{i}": i for i in range(1, 101)}, t)
+    assert kept == {f"a-{i}": i for i in range(37, 101)}  # 64 overall (32 of the rack among them)
+    t = topo({"a": 3})
+    assert L.free_profile({"a-1": 0, "a-2": 1, "a-3": -2, "ghost": 8}, t) == {"a-2": 1}
+    flat = L.Topology((), {f"n{i}": L.NodeFact({}, 8, False) for i in range(1, 6)})  # no rack level: one domain
+    free = {f"n{i}": 9 - i for i in range(1, 6)}
+    assert L.free_profile(free, flat, per_domain=3, overall=1) == {"n1": 8, "n2": 7, "n3": 6}
+    # Kept racks: those of most free GPUs in total (r1's 12), not of the roomiest first node (r2's 8).
+    t = topo({"r1": 3, "r2": 1})
+    free = {"r1-1": 4, "r1-2": 4, "r1-3": 4, "r2-1": 8}
+    assert L.free_profile(free, t, domains=1, overall=0) == {"r1-1": 4, "r1-2": 4, "r1-3": 4}
+
+
+def test_an_nvlink_level_spanned_inside_one_rack_does_not_cross_the_spine() -> None:
+    clique = "nvidia.com/gpu.clique"
+    t = L.Topology(
+        ((clique, "nvlink"), (RACK, "switch")),
+        {
+            "n1": L.NodeFact({clique: "c1", RACK: "r1"}, 4, False),
+            "n2": L.NodeFact({clique: "c2", RACK: "r1"}, 4, False),
+        },
+    )
+    row = L.job_row("ml/job", [_fact("n1", gpus=4), _fact("n2", gpus=4)], t, now=T0)
+    assert (row.outcome, row.placement) == ("spanning", "intra-rack")
+    t.nodes["n3"] = L.NodeFact({RACK: "r1"}, 4, False)  # type: ignore[index]  # no clique label: not read
+    row = L.job_row("ml/job", [_fact("n1", gpus=4), _fact("n3", gpus=4)], t, now=T0)
+    assert (row.outcome, row.placement) == ("unknown-topology", "intra-rack")
+
+
+def test_two_pods_on_one_node_add_up_and_a_one_replica_inference_row() -> None:
+    t = topo({"r1": 1})
+    row = L.job_row("ml/job", [_fact("r1-1", gpus=4), _fact("r1-1", gpus=4)], t, now=T0)
+    assert (row.nodes, row.placement) == ((("r1-1", 8),), "intra-node")
+    one = L.inference_row("team-a/Deployment/web", [_fact("r1-1", gpus=1, namespace="team-a")], t)
+    assert (one.namespace, one.replicas, one.per_node) == ("team-a", 1, (("r1-1", 1),))
