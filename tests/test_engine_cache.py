@@ -361,6 +361,23 @@ def test_a_huge_selection_is_answered_but_not_kept() -> None:
     assert inv._candidates == {}
 
 
+def test_a_selection_of_exactly_the_key_limit_is_kept() -> None:
+    """CANDIDATES_KEY_LIMIT bytes of key is kept, one byte more is not (the bound both sides)."""
+    from policies.selectors import node_selection
+
+    def sized(extra: int) -> dict[str, Any]:
+        return pod(nodeSelector={RACK: "rack-a", "note": "x" * extra})
+
+    base = len(inventory_mod._selection_key(node_selection(sized(0))) or b"")
+    at_limit = inventory_mod.CANDIDATES_KEY_LIMIT - base
+    assert (
+        len(inventory_mod._selection_key(node_selection(sized(at_limit))) or b"") == inventory_mod.CANDIDATES_KEY_LIMIT
+    )
+    inv = inventory()
+    assert names(inv.candidates(sized(at_limit))) == [] and len(inv._candidates) == 1
+    assert names(inv.candidates(sized(at_limit + 1))) == [] and len(inv._candidates) == 1
+
+
 def test_reviews_of_unrelated_objects_in_between_change_nothing() -> None:
     """Every golden input reviewed on one shared inventory, twice around, decides as on a fresh one."""
     policy = golden.policy_for(None)

@@ -709,6 +709,9 @@ def test_best_placement_prefers_a_rack_that_holds_the_job_to_the_roomiest_nodes(
     t = topo({"a": 1, "b": 2})
     best = L.best_placement([4, 4], {"a-1": 6, "b-1": 4, "b-2": 4}, t, L.Comm())
     assert best is not None and (best.placement, best.per_node) == ("intra-rack", (4, 4))
+    # No rack holds both: across racks, the larger share first.
+    across = L.best_placement([4, 8], {"a-1": 8, "b-1": 4}, topo({"a": 1, "b": 1}), L.Comm())
+    assert across is not None and (across.placement, across.per_node) == ("cross-rack", (8, 4))
 
 
 def test_best_placement_packs_the_roomiest_node_first_and_the_largest_pod_first() -> None:
