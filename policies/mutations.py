@@ -147,7 +147,7 @@ def gpu_memory_class(s: Subject, p: Pod) -> bool:
     cls = choose_class(p.candidates(s.inventory), tiers, ask, allow_shared=not online)
     if cls is None:
         return False
-    return _swap_gpu(p, EXTENDED_PREFIX + cls.name) is not None
+    return _swap_gpu(p, EXTENDED_PREFIX + cls.name)
 
 
 def gpu_slice(s: Subject, p: Pod) -> bool:
@@ -163,15 +163,15 @@ def gpu_slice(s: Subject, p: Pod) -> bool:
     if best is None:
         return False
     offer, nodes = best
-    if _swap_gpu(p, offer.resource) is None:
+    if not _swap_gpu(p, offer.resource):
         return False
     added = add_node_expressions(p.pod, [_select_nodes(nodes)])
     return added or offer.resource != GPU
 
 
-def _swap_gpu(p: Pod, resource: str) -> bool | None:
+def _swap_gpu(p: Pod, resource: str) -> bool:
     """Every container whose only `nvidia.com/` ask is one `nvidia.com/gpu` asks `resource` instead (limits and
-    requests). None: no container asks that; else whether anything changed."""
+    requests). Whether any container asks that (gpu-slice still pins a pod whose resource stays nvidia.com/gpu)."""
     eligible = False
     for c in containers(p.pod):
         res = c.get("resources")
@@ -186,7 +186,7 @@ def _swap_gpu(p: Pod, resource: str) -> bool | None:
                 section = res.get(key)
                 if isinstance(section, dict) and GPU in section:
                     section[resource] = section.pop(GPU)
-    return (resource != GPU) if eligible else None
+    return eligible
 
 
 def settable(p: Pod, key: str) -> bool:
