@@ -498,14 +498,13 @@ class NodeDevices:
     memory_bytes: int  # the largest full GPU's memory capacity
 
 
-def _attr(device: Json, key: str) -> Any:
+def _attr(device: Json, key: str) -> str | None:
+    """A string attribute of the driver's: `type`, `profile` and `productName` are published as `string`
+    (dra-driver-nvidia-gpu, resourceslice-attributes.md); any other form is not that attribute."""
     attrs = device.get("attributes")
     value = attrs.get(key) if isinstance(attrs, dict) else None
-    if isinstance(value, dict):
-        for kind in ("string", "int", "bool", "version"):
-            if kind in value:
-                return value[kind]
-    return None
+    found = value.get("string") if isinstance(value, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def _capacity(device: Json, key: str) -> int:
@@ -544,13 +543,13 @@ def node_devices(slices: Iterable[Json]) -> dict[str, NodeDevices]:
         if kind == "gpu":
             table[GPU] = table.get(GPU, 0) + 1
             memory[node] = max(memory.get(node, 0), _capacity(d, "memory"))
-        elif kind == "mig" and isinstance(p := _attr(d, "profile"), str) and p:
+        elif kind == "mig" and (p := _attr(d, "profile")):
             name = f"nvidia.com/mig-{p}"
             table[name] = table.get(name, 0) + 1
         else:
             continue
         name_attr = _attr(d, "productName")
-        if isinstance(name_attr, str) and name_attr and node not in product:
+        if name_attr and node not in product:
             product[node] = "-".join(name_attr.split())
     return {n: NodeDevices(c, product.get(n, ""), memory.get(n, 0)) for n, c in counts.items() if c}
 
@@ -634,7 +633,7 @@ def tier_classes(slices: Iterable[Json]) -> list[Json]:
         kind = _attr(d, "type")
         if kind == "gpu" and (mem := _capacity(d, "memory")) > 0:
             memories.add(mem)
-        elif kind == "mig" and isinstance(p := _attr(d, "profile"), str) and _PROFILE_NAME.fullmatch(p):
+        elif kind == "mig" and (p := _attr(d, "profile")) and _PROFILE_NAME.fullmatch(p):
             profiles.add(p)
     out = [_gpu_tier(m) for m in sorted(memories)] + [_mig_tier(p) for p in sorted(profiles)]
     return out[:MAX_TIERS]
