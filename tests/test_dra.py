@@ -389,3 +389,31 @@ def test_node_devices_count_every_device_and_keep_the_largest_gpu_memory() -> No
     garbage = [{**_dev("gpu"), "capacity": "junk"}, {**_dev("gpu"), "capacity": {"memory": {"value": [1]}}},
                {**_dev("gpu"), "capacity": {"memory": {"value": 1.5}}}]  # fmt: skip
     assert _published(garbage).memory_bytes == 0  # unreadable capacity: no memory, never an exception
+
+
+def test_only_string_attributes_name_a_device_type_profile_and_product() -> None:
+    """The driver publishes `type`, `profile` and `productName` as `string` attributes (resourceslice-attributes.md):
+    a value in another form, or a `string` that holds no string, is not that attribute."""
+    odd = [
+        {"attributes": {"type": {"version": "gpu"}}},
+        {"attributes": {"type": {"string": "mig"}, "profile": {"string": 7}}},
+        {"attributes": {"type": {"string": "mig"}, "profile": {"int": 7}}},
+        {"attributes": {"type": {"string": "gpu"}, "productName": {"string": 5}}},
+        {"attributes": {"type": {"string": "gpu"}, "productName": {"version": "NVIDIA H100 80GB HBM3"}}},
+    ]
+    read = _published(odd)
+    assert (dict(read.resources), read.product) == ({GPU: 2}, "")
+
+
+def test_slices_of_other_drivers_or_of_no_node_are_passed_over_not_the_end_of_the_list() -> None:
+    """A node's ComputeDomain slice, a pool bound to no node name and a slice without a device list may come
+    before the GPU slices: each is skipped, and the slices after it are still read."""
+    gpu = _dev("gpu", "80Gi")
+    slices = [
+        {"spec": {"driver": dra.CHANNEL_DRIVER, "nodeName": "a", "devices": [gpu]}},
+        {"spec": {"driver": dra.NVIDIA_DRIVER, "nodeName": "", "devices": [gpu]}},
+        {"spec": {"driver": dra.NVIDIA_DRIVER, "nodeName": 5, "devices": [gpu]}},
+        {"spec": {"driver": dra.NVIDIA_DRIVER, "nodeName": "b", "devices": "gpu-0"}},
+        {"spec": {"driver": dra.NVIDIA_DRIVER, "nodeName": "c", "devices": [gpu]}},
+    ]
+    assert list(dra.node_devices(slices)) == ["c"]

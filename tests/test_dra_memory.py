@@ -107,6 +107,11 @@ def test_malformed_devices_other_drivers_and_media_profiles_make_no_class() -> N
     assert "quantity('81559Mi')) >= 0" in generated[1]["spec"]["selectors"][0]["cel"]["expression"]
 
 
+def test_any_positive_memory_capacity_is_a_tier_and_zero_is_none() -> None:
+    devices = [_device("zero", "gpu", memory="0"), _device("one-byte", "gpu", memory="1")]
+    assert [c["metadata"]["name"] for c in dra.tier_classes([_slice("n", devices)])] == ["gpu-1.gpu-admission.io"]
+
+
 def test_at_most_max_tiers_classes() -> None:
     devices = [_device(f"g{i}", "gpu", memory=f"{i + 1}Gi") for i in range(dra.MAX_TIERS + 5)]
     assert len(dra.tier_classes([_slice("n", devices)])) == dra.MAX_TIERS
