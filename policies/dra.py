@@ -554,13 +554,6 @@ def node_devices(slices: Iterable[Json]) -> dict[str, NodeDevices]:
     return {n: NodeDevices(c, product.get(n, ""), memory.get(n, 0)) for n, c in counts.items() if c}
 
 
-def slice_node(obj: Json) -> str:
-    """The node a ResourceSlice belongs to ("" for network-attached pools)."""
-    spec = obj.get("spec")
-    node = spec.get("nodeName") if isinstance(spec, dict) else None
-    return node if isinstance(node, str) else ""
-
-
 def with_claims(
     pod: Json, containers: list[ContainerAsk], lookup: Lookup
 ) -> tuple[list[ContainerAsk], PodClaims | None]:
