@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from policies import dra
-from policies.resources import GPU, GPU_SHARED
+from policies.resources import GPU, GPU_SHARED, ContainerAsk
 
 GPU_CLASS = "gpu.nvidia.com"
+WHOLE_GPU = f"device.driver == '{GPU_CLASS}' && device.attributes['{GPU_CLASS}'].type == 'gpu'"
 TIME_SLICING = {"driver": GPU_CLASS, "parameters": {"kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}}
 
 
@@ -178,3 +179,116 @@ def test_an_ask_is_described_with_its_sharing_only_when_shared() -> None:
     assert dra.ClaimAsk("gpus", "r", GPU, 2).describe() == "claim gpus request r (2 x nvidia.com/gpu)"
     shared = dra.ClaimAsk("gpus", "r", GPU_SHARED, 1, "MPS").describe()
     assert shared == "claim gpus request r (1 x nvidia.com/gpu.shared, GpuConfig sharing MPS)"
+
+
+def _ask(name: str, init: bool = False, index: int = 0) -> ContainerAsk:
+    return ContainerAsk(name, init, index, {}, (), ())
+
+
+def test_every_claim_of_a_pod_is_read_past_those_it_cannot_read_and_indexes_stay_its_own() -> None:
+    """Claims after a malformed reference or a missing object are still read; two claims' asks are numbered one
+    after the other (each container gets its own claim's), and every claim's errors are kept."""
+    found = {
+        ("ResourceClaimTemplate", "ml", "one"): {"spec": {"spec": {"devices": {"requests": [_exactly("a", count=3)]}}}},
+        ("ResourceClaimTemplate", "ml", "two"): {
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [_exactly("b"), _exactly("c", count=2), _exactly("x", deviceClassName="nope")]
+                    }
+                }
+            }
+        },
+        ("ResourceClaimTemplate", "ml", "bad"): {
+            "spec": {"spec": {"devices": {"requests": [_exactly("y", deviceClassName="gone")]}}}
+        },
+    }
+    pod = {
+        "spec": {
+            "resourceClaims": [
+                "junk",
+                {"name": "first", "resourceClaimTemplateName": "one"},
+                {"name": "missing", "resourceClaimTemplateName": "absent"},
+                {"name": "second", "resourceClaimTemplateName": "two"},
+                {"name": "third", "resourceClaimTemplateName": "bad"},
+            ],
+            "containers": [
+                {"name": "a", "resources": {"claims": [{"name": "first"}]}},
+                {"name": "b", "resources": {"claims": [{"name": "second"}]}},
+            ],
+        }
+    }
+    read = dra.pod_claims(pod, dra.Lookup(dra.Classes(), lambda k, ns, n: found.get((k, ns, n)), "ml"))
+    assert [(a.claim, a.request, a.count) for a in read.asks] == [
+        ("first", "a", 3),
+        ("second", "b", 1),
+        ("second", "c", 2),
+    ]
+    assert dict(read.containers) == {"a": (0,), "b": (1, 2)}
+    assert read.errors == (
+        "claim second request x: DeviceClass nope does not exist",
+        "claim third request y: DeviceClass gone does not exist",
+    )
+    assert len(read.notes) == 1 and read.notes[0].startswith("claim missing: ")
+    assert dra.pod_claims({"spec": "junk"}, dra.Lookup(dra.Classes(), None, "ml")) == dra.PodClaims()
+
+
+def test_claimed_devices_add_up_per_container_and_a_class_that_does_not_exist_is_an_error_not_a_device() -> None:
+    served = dra.classes_from_objects(
+        [
+            {
+                "metadata": {"name": n},
+                "spec": {"selectors": [{"cel": {"expression": WHOLE_GPU}}]},
+            }
+            for n in ("a", "b")
+        ]
+        + [{"metadata": {"name": "gpu.nvidia.com"}, "spec": {}}]
+    )
+    two_requests = _exactly("r1"), {"name": "r2", "exactly": {"deviceClassName": GPU_CLASS, "count": 2}}
+    found = {("ResourceClaimTemplate", "ml", "t"): {"spec": {"spec": {"devices": {"requests": list(two_requests)}}}}}
+    p = dra.EXTENDED_PREFIX
+    pod = {
+        "spec": {
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "t"}],
+            "initContainers": [{"name": "warm", "resources": {"limits": {p + "a": "1"}}}],
+            "containers": [
+                "junk",
+                {"name": "main", "resources": {"claims": [{"name": "gpus"}]}},
+                {"name": "side", "resources": {"limits": {"nvidia.com/gpu": 1, p + "a": 1, p + "b": "2", 5: 1}}},
+                {"name": "lost", "resources": {"limits": {p + "nope": 2}}},
+                {"name": "gone", "resources": {"requests": {p + "gone": 1}}},
+                {"name": "odd", "resources": "junk"},
+                {"resources": {"limits": {p + "a": 4}}},
+            ],
+        }
+    }
+    lookup = dra.Lookup(served, lambda k, ns, n: found.get((k, ns, n)), "ml")
+    asks = [_ask("warm", True), _ask("main", index=1), _ask("side", index=2), _ask("lost", index=3),
+            _ask("gone", index=4), _ask("odd", index=5), _ask("#6", index=6)]  # fmt: skip
+    out, claims = dra.with_claims(pod, asks, lookup)
+    assert {c.name: dict(c.claimed) for c in out if c.claimed} == {
+        "warm": {GPU: 1},
+        "main": {GPU: 3},
+        "side": {GPU: 3},
+        "#6": {GPU: 4},
+    }
+    assert claims is not None and claims.errors == (
+        f"container lost: {p}nope: DeviceClass nope does not exist",
+        f"container gone: {p}gone: DeviceClass gone does not exist",
+    )
+
+
+def test_a_pod_asking_nothing_through_dra_is_not_read_and_a_claim_of_no_gpus_still_is() -> None:
+    plain = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    lookup = dra.Lookup(dra.Classes(), None, "ml")
+    assert dra.with_claims(plain, [_ask("c")], lookup) == ([_ask("c")], None)
+    assert dra.with_claims({"spec": "junk"}, [], lookup) == ([], None)
+    channel = [{"name": "ch", "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"}}]
+    read = _claims(channel)
+    assert [(a.resource, a.channel) for a in read.asks] == [("", True)]
+    template = {"spec": {"spec": {"devices": {"requests": channel}}}}
+    pod = {
+        "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "t"}], "containers": [{"name": "c"}]}
+    }
+    out, claims = dra.with_claims(pod, [_ask("c")], dra.Lookup(dra.Classes(), lambda *k: template, "ml"))
+    assert out == [_ask("c")] and claims is not None and len(claims.asks) == 1
