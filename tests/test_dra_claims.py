@@ -155,6 +155,11 @@ def test_each_ask_goes_to_the_container_that_names_it_and_the_rest_to_the_first_
     assert with_init == {"main": (index["a"], index["b/big"], index["c"], index["d"])}
     pod_init = _claims(requests, containers=[{"name": "app"}, containers[3]])
     assert dict(pod_init.containers) == {"#1": (index["c"],), "app": (index["a"], index["b/big"], index["d"])}
+    parent = [{"name": "app"}, {"name": "sub", "resources": {"claims": [{"name": "gpus", "request": "b"}]}}]
+    assert dict(_claims(requests, containers=parent).containers) == {  # "b" names its firstAvailable subrequest
+        "sub": (index["b/big"],),
+        "app": (index["a"], index["c"], index["d"]),
+    }
     spec_init = {"initContainers": init, "containers": [{"name": "app"}]}
     by_claim = {"gpus": list(range(len(read.asks)))}
     assert dra._by_container(spec_init, by_claim, list(read.asks)) == {
