@@ -476,6 +476,27 @@ def test_no_mark_for_other_workloads_expired_exceptions_or_rules_left_in_the_web
     assert _marked(_native_review("exceptions/named-workload-excepted-from-one-rule", native_rules=others)) is None
 
 
+def test_no_mark_on_a_kind_the_native_policies_do_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from policies import engine
+
+    case_id = "exceptions/named-workload-excepted-from-one-rule"
+    assert _marked(_native_review(case_id)) == "training-elastic-shrink"
+    monkeypatch.setattr(engine, "NATIVE_KINDS", engine.NATIVE_KINDS - {_case(case_id)["input"]["kind"]})
+    assert _marked(_native_review(case_id)) is None  # the webhook judges that kind's rules itself
+
+
+def test_the_mark_names_every_excepted_native_rule_comma_separated() -> None:
+    case = copy.deepcopy(_case("exceptions/named-workload-excepted-from-one-rule"))
+    case["exceptions"][0]["spec"]["rules"] = ["training-queue-priority", "training-elastic-shrink"]
+    obj = copy.deepcopy(case["input"])
+    excs, now = suite.exceptions_for(case, obj)
+    policy = policy_for(case.get("policy"))
+    ctx = ReviewContext(exceptions=excs, now=now, native=native.NATIVE_RULES)
+    inv = inventory_for("examples/cluster/nodes.yaml", policy)
+    r = review(obj, policy=policy, inventory=inv, ctx=ctx, mutate=True, validate=False)
+    assert _marked(r) == "training-elastic-shrink,training-queue-priority"
+
+
 def test_a_mark_the_user_wrote_is_replaced_or_removed() -> None:
     """The policies trust the annotation only because the webhook rewrites it on every object it reviews."""
     base = _case("exceptions/other-workload-not-excepted")["input"]
