@@ -388,6 +388,65 @@ def test_cel_asks_gpu_is_the_policies_gpu_test(resources: dict[str, Any], asks: 
     assert native.cel_asks_gpu({"spec": "x"}) is False and native.cel_asks_gpu("x") is False
 
 
+def test_cel_asks_gpu_reads_no_gpu_from_containers_or_resources_that_are_not_mappings() -> None:
+    """Malformed containers never raise (the engine calls it on whatever a pod holds) and ask for nothing."""
+    for containers in (["x", 3, None], [{"resources": "x"}], [{"resources": {"limits": ["a"], "requests": "b"}}]):
+        assert native.cel_asks_gpu({"spec": {"containers": containers}}) is False, containers
+    limits_bad = [{"resources": {"limits": "x", "requests": {"nvidia.com/gpu": "1"}}}]
+    assert native.cel_asks_gpu({"spec": {"containers": limits_bad}}) is True  # no limit: the request decides
+
+
+# The fields of each generated object (admissionregistration.k8s.io/v1): a misspelt one is an object the API
+# server refuses (strict field validation) or reads without the setting.
+SHAPES = {
+    "MutatingAdmissionPolicy": (
+        {"name", "labels", "annotations"},
+        {"failurePolicy", "reinvocationPolicy", "matchConstraints", "matchConditions", "variables", "mutations"},
+    ),
+    "MutatingAdmissionPolicyBinding": ({"name", "labels"}, {"policyName", "matchResources"}),
+    "ValidatingAdmissionPolicy": (
+        {"name", "labels", "annotations"},
+        {"failurePolicy", "matchConstraints", "matchConditions", "variables", "validations"},
+    ),
+    "ValidatingAdmissionPolicyBinding": ({"name", "labels"}, {"policyName", "validationActions", "matchResources"}),
+}
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_every_generated_object_has_the_fields_of_its_kind(closed: bool) -> None:
+    policy = policy_for({**MUTATING, "failureMode": "closed" if closed else "open"})
+    objects = native.generate(policy)
+    assert {o["kind"] for o in objects} == set(SHAPES)
+    for o in objects:
+        meta_keys, spec_keys = SHAPES[o["kind"]]
+        assert set(o) == {"apiVersion", "kind", "metadata", "spec"}, o["kind"]
+        assert o["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert (set(o["metadata"]), set(o["spec"])) == (meta_keys, spec_keys), o["kind"]
+        assert o["metadata"]["labels"] == native.MANAGED_BY
+        if o["kind"].endswith("Binding"):
+            assert re.fullmatch(re.escape(o["spec"]["policyName"]) + r"(-deny|-warn|-audit)?", o["metadata"]["name"])
+        else:
+            assert o["spec"]["failurePolicy"] == ("Fail" if closed else "Ignore")
+            assert o["metadata"]["annotations"]["gpu-admission.io/policy-hash"] == policy.hash
+        if o["kind"] == "MutatingAdmissionPolicy":
+            mid = o["metadata"]["name"].removeprefix(native.NAME_PREFIX)
+            assert o["metadata"]["annotations"] == {
+                "gpu-admission.io/mutation": mid,
+                "gpu-admission.io/checklist": {"gpu-toleration": "GPU nodes' taints tolerated",
+                                               "scheduler-queue": "2. queue + priority"}[mid],
+                "gpu-admission.io/policy-hash": policy.hash,
+            }  # fmt: skip
+            assert o["spec"]["matchConstraints"] == {"resourceRules": native._resource_rules()}
+            assert [c["name"] for c in o["spec"]["matchConditions"]] == ["not-a-pod-update", "object"]
+            assert [v["name"] for v in o["spec"]["variables"]] == [
+                "kind",
+                "templates",
+                "objectClass",
+                "gpu",
+                "training",
+            ]
+
+
 def _job(resources: dict[str, Any], claims: list[Any] | None = None) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {"containers": [{"name": "c", "image": "i", "resources": resources}]}
     if claims is not None:
