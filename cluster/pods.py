@@ -34,6 +34,7 @@ of is skipped and counted, never raised.
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 import threading
 from collections import deque
@@ -51,6 +52,10 @@ from cluster.reflector import Change, object_key
 # Why an unbound GPU pod of a job is not bound yet (`waiting`; PodView tells `on_pending` on each event).
 GATED = "gated"  # spec.schedulingGates (or the PodScheduled reason SchedulingGated): a controller holds it back
 UNSCHEDULABLE = "unschedulable"  # PodScheduled=False, reason Unschedulable, no node nominated: no node takes it
+# ... and all the scheduler found short on the nodes is GPUs (`Insufficient nvidia.com/…` and nothing else
+# insufficient): it may be counting another pod it has assumed on the node, whose bind the webhook's bind check
+# is about to refuse, so the pod can still bind where it was pinned a moment later.
+GPU_BUSY = "gpu-busy"
 UNSCHEDULED = "unscheduled"  # no PodScheduled condition (or NotReadyForScheduling): no scheduler has tried it yet
 SCHEDULING = "scheduling"  # any other PodScheduled state, or a node nominated (preemption under way)
 
@@ -70,9 +75,24 @@ def waiting(obj: Mapping[str, Any]) -> str:
         if isinstance(c, dict) and c.get("type") == "PodScheduled":
             reason = c.get("reason")
             if c.get("status") == "False" and reason == "Unschedulable":
-                return UNSCHEDULABLE
+                return GPU_BUSY if _short_of_gpus_only(c.get("message")) else UNSCHEDULABLE
             return _CONDITION_REASONS.get(reason, SCHEDULING) if isinstance(reason, str) else SCHEDULING
     return UNSCHEDULED
+
+
+_INSUFFICIENT = re.compile(r"Insufficient ([^\s,.;]+(?:\.[^\s,.;]+)*)")
+MAX_MESSAGE = 4096  # characters of a condition message read (kube-scheduler's summary line is a few hundred)
+
+
+def _short_of_gpus_only(message: Any) -> bool:
+    """Whether kube-scheduler's Unschedulable message ("0/6 nodes are available: 2 Insufficient nvidia.com/gpu,
+    4 node(s) didn't match Pod's node affinity/selector. preemption: …") names GPUs as the only insufficient
+    resource (the part before the preemption summary)."""
+    if not isinstance(message, str):
+        return False
+    head = message[:MAX_MESSAGE].split("preemption:", 1)[0]
+    short = _INSUFFICIENT.findall(head)
+    return bool(short) and all(name.startswith("nvidia.com/") for name in short)
 
 
 # PodScheduled reasons that say no scheduler has tried the pod yet (the API server sets SchedulingGated; a

@@ -22,11 +22,16 @@ def pending(name: str = "p0", job: str | None = "gang", **status: Any) -> dict[s
     return p
 
 
-def scheduled(status: str, reason: str | None) -> list[dict[str, Any]]:
+def scheduled(status: str, reason: str | None, message: Any = None) -> list[dict[str, Any]]:
     c = {"type": "PodScheduled", "status": status}
     if reason is not None:
         c["reason"] = reason
+    if message is not None:
+        c["message"] = message
     return [{"type": "Initialized", "status": "True"}, c]
+
+
+SHORT = "0/6 nodes are available: 2 Insufficient {}, 4 node(s) didn't match Pod's node affinity/selector."
 
 
 @pytest.mark.parametrize(
@@ -46,6 +51,28 @@ def scheduled(status: str, reason: str | None) -> list[dict[str, Any]]:
         ({"conditions": "garbage"}, None, P.UNSCHEDULED),
         ({"conditions": ["garbage", {"type": "PodScheduled", "status": "False", "reason": 7}]}, None, P.SCHEDULING),
         ({"conditions": scheduled("False", "Unschedulable")}, [], P.UNSCHEDULABLE),  # no gate left
+        ({"conditions": scheduled("False", "Unschedulable", SHORT.format("nvidia.com/gpu"))}, None, P.GPU_BUSY),
+        ({"conditions": scheduled("False", "Unschedulable", SHORT.format("nvidia.com/mig-1g.10gb"))}, None, P.GPU_BUSY),
+        ({"conditions": scheduled("False", "Unschedulable", SHORT.format("cpu"))}, None, P.UNSCHEDULABLE),
+        (
+            {"conditions": scheduled("False", "Unschedulable", SHORT.format("nvidia.com/gpu, 1 Insufficient memory"))},
+            None,
+            P.UNSCHEDULABLE,
+        ),
+        # only what comes before the preemption summary counts; no Insufficient at all is not GPUs short
+        (
+            {
+                "conditions": scheduled(
+                    "False",
+                    "Unschedulable",
+                    "0/6 nodes are available: 6 node(s) had untolerated "
+                    "taint. preemption: 2 Insufficient nvidia.com/gpu",
+                )
+            },
+            None,
+            P.UNSCHEDULABLE,
+        ),
+        ({"conditions": scheduled("False", "Unschedulable", 7)}, None, P.UNSCHEDULABLE),
     ],
 )
 def test_waiting_reads_why_a_pod_is_not_bound(status: dict[str, Any], gates: Any, why: str) -> None:

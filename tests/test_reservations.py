@@ -57,11 +57,25 @@ class Cluster:
         return self.held()
 
 
-def unschedulable(nominated: str | None = None) -> dict[str, Any]:
-    status: dict[str, Any] = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+def unschedulable(nominated: str | None = None, message: str | None = None) -> dict[str, Any]:
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    if message is not None:
+        condition["message"] = message
+    status: dict[str, Any] = {"conditions": [condition]}
     if nominated:
         status["nominatedNodeName"] = nominated
     return status
+
+
+# kube-scheduler's messages when only the pinned rack could take the pod and its GPUs are counted taken (for
+# instance by another pod the scheduler assumed there, whose bind the bind check refuses), and when a CPU
+# request no node has is short too.
+GPUS_SHORT = ("0/10 nodes are available: 2 Insufficient nvidia.com/gpu, 8 node(s) didn't match Pod's node "
+              "affinity/selector. preemption: 0/10 nodes are available: 2 No preemption victims found for "
+              "incoming pod, 8 Preemption is not helpful for scheduling.")  # fmt: skip
+CPU_SHORT = ("0/10 nodes are available: 2 Insufficient cpu, 2 Insufficient nvidia.com/gpu, 8 node(s) didn't "
+             "match Pod's node affinity/selector. preemption: 0/10 nodes are available: 10 Preemption is not "
+             "helpful for scheduling.")  # fmt: skip
 
 
 def test_a_pod_seen_unschedulable_ends_the_reservation_at_once_and_it_is_counted() -> None:
@@ -71,6 +85,26 @@ def test_a_pod_seen_unschedulable_ends_the_reservation_at_once_and_it_is_counted
     assert c.at(1) == [(8, 8)]
     c.pod("g-0", **unschedulable())
     assert c.held() == [] and c.store.ended == {R.UNSCHEDULABLE: 1} and len(c.store) == 0
+
+
+def test_a_pod_short_of_gpus_only_keeps_the_reservation_for_the_waiting_grace() -> None:
+    """Session 8's stranded gang: job-14 pinned to rack-a, one of its pods marked Unschedulable while the
+    scheduler counted job-13's pod assumed on rack-a, whose bind the bind check then refused. Ending the
+    reservation at once let job-13's retried pod take the rack. GPUs short and nothing else: the gang gets the
+    waiting grace (and binds meanwhile when the refused bind frees them); anything else short ends it at once."""
+    c = Cluster()
+    c.reserve()
+    c.now = 1
+    c.pod("g-0", **unschedulable(message=GPUS_SHORT))
+    assert c.at(30.9) == [(8, 8)]
+    c.pod("g-0", node="h100-small-1")  # the refused bind freed the GPUs: the gang binds, the grace restarts
+    assert c.at(60.8) == [(8,)]
+    assert c.at(60.9) == [] and c.store.ended == {R.GPU_BUSY: 1}
+    c = Cluster()
+    c.reserve()
+    c.pod("g-0", **unschedulable(message=GPUS_SHORT))
+    c.pod("g-1", **unschedulable(message=CPU_SHORT))
+    assert c.held() == [] and c.store.ended == {R.UNSCHEDULABLE: 1}
 
 
 def test_a_pod_the_scheduler_preempts_for_keeps_the_reservation() -> None:

@@ -7,10 +7,11 @@ rack; a reservation makes the second see it taken. Each pod of the job seen boun
 on); the reservation ends when all are seen, or after the policy's `placement.reservationSeconds`.
 
 It ends early, for the GPUs it still holds, when its gang will not bind soon (`pending`, told by the pod view
-why each unbound pod of a job waits; `Graces`): a pod seen Unschedulable ends it at once; pods nobody has
-tried to schedule (gated, or no scheduler has set a PodScheduled condition) end it once no pod of the job has
-bound for `waiting` seconds; a job none of whose pods is seen within `no_pods` seconds ends it then. The pods
-of a pinned job that holds no reservation reserve again when they come (engine `later_pods_reservation`),
+why each unbound pod of a job waits; `Graces`): a pod seen Unschedulable ends it at once, unless GPUs are all the
+scheduler found short (it may count a pod whose bind the bind check refuses a moment later); such pods, and
+pods nobody has tried to schedule (gated, or no scheduler has set a PodScheduled condition), end it once no pod
+of the job has bound for `waiting` seconds; a job none of whose pods is seen within `no_pods` seconds ends it
+then. The pods of a pinned job that holds no reservation reserve again when they come (engine `later_pods_reservation`),
 except while the job's last reservation ended because it stalled less than `placement.reservationSeconds`
 ago (a new pin always reserves). Ended reservations are counted per reason (`ended`, the metric
 gpu_admission_placement_reservations_ended_total).
@@ -27,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.pods import GATED, SCHEDULING, UNSCHEDULABLE, UNSCHEDULED
+from cluster.pods import GATED, GPU_BUSY, SCHEDULING, UNSCHEDULABLE, UNSCHEDULED
 from policies.engine import Placement
 from policies.placement import Reservation
 
@@ -41,7 +42,7 @@ EXPIRED = "expired"
 REPLACED = "replaced"
 DROPPED = "dropped"
 NO_PODS = "no-pods"  # no pod of the job seen within Graces.no_pods
-STALLED = (UNSCHEDULABLE, GATED, UNSCHEDULED, NO_PODS)  # (UNSCHEDULED: no scheduler tried its pods in time)
+STALLED = (UNSCHEDULABLE, GPU_BUSY, GATED, UNSCHEDULED, NO_PODS)  # (UNSCHEDULED: no scheduler tried its pods)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class Reservations:
                 self._end(job, UNSCHEDULABLE)
             elif why == SCHEDULING:
                 held.since = None  # a scheduler is on it
-            elif why in (GATED, UNSCHEDULED):
+            elif why in (GATED, UNSCHEDULED, GPU_BUSY):  # GPU_BUSY: often a bind we are refusing; see cluster.pods
                 held.why = why
                 if held.since is None:
                     held.since = self._clock()
