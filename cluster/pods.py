@@ -61,7 +61,7 @@ SCHEDULING = "scheduling"  # any other PodScheduled state, or a node nominated (
 
 
 def waiting(obj: Mapping[str, Any]) -> str:
-    """Why a pod the caller knows is unbound and not terminated waits (GATED, UNSCHEDULABLE, UNSCHEDULED or
+    """Why a pod the caller knows is unbound and not terminated waits (GATED, UNSCHEDULABLE, GPU_BUSY, UNSCHEDULED or
     SCHEDULING). Never raises: odd fields read as absent."""
     spec = obj.get("spec")
     if isinstance(spec, dict) and spec.get("schedulingGates"):
