@@ -258,7 +258,7 @@ import signal, sys
 from webhook.audit import AuditLog
 log = AuditLog(sys.argv[1])
 def stop(signum, frame):
-    ok = log.close(timeout=10)
+    ok = log.close(timeout=50)
     sys.exit(0 if ok else 3)
 signal.signal(signal.SIGTERM, stop)
 for i in range(8_000):
@@ -274,7 +274,9 @@ def test_sigterm_close_writes_everything_queued(tmp_path: Path) -> None:
     assert child.stdout is not None
     dropped, _pending = map(int, child.stdout.readline().split())  # all recorded, some perhaps not written
     child.send_signal(signal.SIGTERM)
-    assert child.wait(10) == 0
+    # Generous bounds: this checks that nothing queued is lost, not how fast it is written (it takes ~0.2 s;
+    # CI on a loaded runner once took more than the 10 s this test used to allow).
+    assert child.wait(60) == 0
     assert dropped == 0
     assert [r["uid"] for r in all_records(path)] == [f"u{i}" for i in range(8_000)]
 
@@ -315,7 +317,7 @@ def test_stdout_lines_stay_whole_in_a_pipe_shared_with_another_writer() -> None:
     while chunk := os.read(child.stdout.fileno(), 4096):
         data += chunk
         time.sleep(0.0002)
-    assert child.wait(10) == 0
+    assert child.wait(60) == 0
     records = [orjson.loads(line) for line in bytes(data).splitlines()]
     assert [r["uid"] for r in records if "uid" in r] == [f"u{i}" for i in range(3000)]
     assert [r["noise"] for r in records if "noise" in r] == list(range(3000))
