@@ -255,23 +255,6 @@ def lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
-def pin_clients(server_pid: int) -> str | None:
-    """The server's threads on the last CPU, this process (and the threads and children it starts from now
-    on) on the others. Returns the client CPUs as a taskset list, or None when there is one CPU or no taskset."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2 or not server.pin(server_pid, cpus[-1]):
-        return None
-    os.sched_setaffinity(0, cpus[:-1])
-    return ",".join(map(str, cpus[:-1]))
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/PID/stat): unlike latency, what the abuse costs the
-    server holds on a shared machine."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def metrics(srv: ServerProcess) -> dict[str, float]:
     with srv.client(timeout=10) as c:
         text = c.get("/metrics").text
@@ -302,7 +285,7 @@ def main() -> int:
         "--policy", str(work / "policy.yaml"), "--audit-file", str(work / "audit" / "audit.log"),
         env=env, cwd=ns.server_tree,
     )  # fmt: skip
-    client_cpus = pin_clients(srv.proc.pid) if ns.pin else None
+    client_cpus = server.pin_apart(srv.proc.pid, this_process=True) if ns.pin else None
     stop = threading.Event()
     soak = Soak(srv, work, stop)
     threads = [
@@ -328,7 +311,7 @@ def main() -> int:
         f"{', tree ' + str(ns.server_tree) if ns.server_tree else ''}"
         f"{', clients on CPUs ' + client_cpus + ', the server alone on the next' if client_cpus else ', unpinned'})"
     )
-    cpu_before = cpu_seconds(srv.proc.pid)
+    cpu_before = server.cpu_seconds(srv.proc.pid)
     for t in threads:
         t.start()
     started = time.monotonic()
@@ -341,7 +324,7 @@ def main() -> int:
     finally:
         stop.set()
     alive = srv.proc.poll() is None
-    cpu = cpu_seconds(srv.proc.pid) - cpu_before if alive else float("nan")
+    cpu = server.cpu_seconds(srv.proc.pid) - cpu_before if alive else float("nan")
     peak = srv.memory_mib()[1] if alive else float("nan")
     counters = metrics(srv) if alive else {}
     log_tail = srv.log_tail(10**9)  # the whole log

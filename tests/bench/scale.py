@@ -21,7 +21,6 @@ single, time-sliced L4, A100 and CPU racks). Parts, each printed and written to 
 from __future__ import annotations
 
 import gc
-import os
 import random
 import shutil
 import subprocess
@@ -341,20 +340,8 @@ def run_memory(n: int, pods: int, *extra: str) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _pin_apart(server_pid: int, others: list[int]) -> str | None:
-    """The server alone on the last CPU, the fake API server (`others`) and the load generator on the rest, as
-    a webhook with its own CPU would run; the client CPUs as a taskset list, or None when not possible."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2 or not server.pin(server_pid, cpus[-1]):
-        return None
-    rest = ",".join(map(str, cpus[:-1]))
-    for pid in others:
-        subprocess.run(["taskset", "-a", "-pc", rest, str(pid)], capture_output=True, check=False)
-    return rest
-
-
 def run_server(n: int, duration: float, warmup: float, pin: bool = False) -> dict[str, Any]:
-    """`pin`: the server alone on a CPU (see _pin_apart); unpinned, its p99 is the machine's scheduling too."""
+    """`pin`: the server alone on a CPU (see server.pin_apart); unpinned, its p99 is the machine's scheduling too."""
     tmp = Path(tempfile.mkdtemp(prefix="gpu-admission-scale-"))
     api = FakeApi(n)
     srv: ServerProcess | None = None
@@ -366,7 +353,7 @@ def run_server(n: int, duration: float, warmup: float, pin: bool = False) -> dic
         time.sleep(2.0)
         rss_ready = common.rss_kib(srv.proc.pid) / 1024
         common.say(f"  serve: inventory of {want} GPU nodes ready {ready_s:.1f} s after start; RSS {rss_ready:.1f} MiB")
-        clients = _pin_apart(srv.proc.pid, [api.proc.pid]) if pin else None
+        clients = server.pin_apart(srv.proc.pid, [api.proc.pid]) if pin else None
         reqs = server.req_args([srv], server.write_bodies(tmp))
         driver.run(["-cacert", srv.ca, "-c", "4", "-n", "500", "-expect", server.EXPECT, *reqs])
         load = ["-rate", str(REVIEW_RATE)]
@@ -411,7 +398,7 @@ def _reference(tmp: Path, duration: float, warmup: float, pin: bool = False) -> 
     machine's neighbours do to a p99 that has nothing to do with cluster size."""
     srv = ServerProcess()
     try:
-        clients = _pin_apart(srv.proc.pid, []) if pin else None
+        clients = server.pin_apart(srv.proc.pid) if pin else None
         reqs = server.req_args([srv], server.write_bodies(tmp))
         driver.run(["-cacert", srv.ca, "-c", "4", "-n", "500", "-expect", server.EXPECT, *reqs])
         res = server.measure([srv], reqs, ["-rate", str(REVIEW_RATE)], duration=duration, warmup=warmup,

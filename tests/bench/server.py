@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,21 @@ def pin(pid: int, cpu: int | None) -> bool:
         return False
     cpus = str(cpu) if cpu is not None else f"0-{(os.cpu_count() or 1) - 1}"
     return subprocess.run(["taskset", "-a", "-pc", cpus, str(pid)], capture_output=True).returncode == 0
+
+
+def pin_apart(server_pid: int, others: Iterable[int] = (), *, this_process: bool = False) -> str | None:
+    """The server alone on the last CPU, as a webhook Deployment with its own CPU runs; `others` (every
+    thread) and, with `this_process`, this process (and the threads and children it starts from now on) on
+    the rest. Returns the other CPUs as a taskset list, or None when there is one CPU or no taskset."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or not pin(server_pid, cpus[-1]):
+        return None
+    rest = ",".join(map(str, cpus[:-1]))
+    for pid in others:
+        subprocess.run(["taskset", "-a", "-pc", rest, str(pid)], capture_output=True, check=False)
+    if this_process:
+        os.sched_setaffinity(0, cpus[:-1])
+    return rest
 
 
 def stop(srv: ServerProcess) -> None:
