@@ -34,6 +34,7 @@ import msgspec
 import orjson
 
 from cluster.interned import shared
+from cluster.labelsets import LabelSets
 
 JSON = dict[str, Any]
 
@@ -51,9 +52,10 @@ RESOURCE_PREFIXES = ("nvidia.com/",)  # the resources kept (policies.resources.N
 class NodeTransform:
     """Callable Node -> slim Node (or None: skip it), counting what it drops. Thread-safe counts."""
 
-    def __init__(self) -> None:
+    def __init__(self, label_sets: LabelSets | None = None) -> None:
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
+        self.label_sets = label_sets if label_sets is not None else LabelSets()  # shared by this watch's nodes
 
     def _count(self, reason: str, n: int = 1) -> None:
         with self._lock:
@@ -102,7 +104,7 @@ class NodeTransform:
                         break  # capacity is read only when allocatable names no GPU resource
         return out
 
-    def _labels(self, raw: Any) -> dict[str, str] | None:
+    def _labels(self, raw: Any) -> Mapping[str, str] | None:
         if not isinstance(raw, dict):
             return {}
         if len(raw) > MAX_LABELS:
@@ -122,7 +124,7 @@ class NodeTransform:
             out[sys.intern(k)] = sys.intern(value)
         if dropped:
             self._count("label-too-long", dropped)
-        return out
+        return self.label_sets.share(out)
 
     def _resources(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -149,7 +151,7 @@ class NodeRecord:
 
     name: str
     version: str | None
-    labels: dict[str, str]
+    labels: Mapping[str, str]  # a NodeLabels (cluster/labelsets.py), or a dict without a hostname
     spec: JSON | None  # the slim spec (taints, unschedulable), None without
     status: JSON | None  # the slim status (GPU allocatable / capacity), shared, None without
 

@@ -59,20 +59,30 @@ BASE_EXPRESSIONS: tuple[Json, ...] = (
 
 def mig_count_profiles(labels: Mapping[str, str]) -> list[str]:
     """Profiles a mixed-strategy node has slices of (`nvidia.com/mig-1g.10gb.count: "14"` -> 1g.10gb)."""
-    out = []
-    for key, value in labels.items():
-        counted = value.isascii() and value.isdigit() and int(value) > 0
-        if key.startswith(MIG_LABEL_PREFIX) and key.endswith(".count") and counted:
-            out.append(key[len(MIG_LABEL_PREFIX) : -len(".count")])
-    return out
+    # The key is tested first: every node's every label passes here at each build (50,000 nodes: ~1M labels).
+    return [
+        key[len(MIG_LABEL_PREFIX) : -len(".count")]
+        for key, value in labels.items()
+        if key.startswith(MIG_LABEL_PREFIX) and key.endswith(".count") and _positive(value)
+    ]
+
+
+def _positive(value: str) -> bool:
+    return value.isascii() and value.isdigit() and int(value) > 0
+
+
+_PARTITION_PREFIXES = (SLICES_PREFIX, MIG_LABEL_PREFIX)
 
 
 def partitioned(labels: Mapping[str, str], mig_profile: str | None, resources: Iterable[str]) -> bool:
     """MIG is on for some GPU of the node, by what actually says so (module docstring)."""
     if mig_profile or "-MIG-" in labels.get(PRODUCT, "") or labels.get(GKE_PARTITION):
         return True
-    if any(k.startswith(SLICES_PREFIX) for k in labels) or mig_count_profiles(labels):
-        return True
+    for key, value in labels.items():  # a slices label, or a positive MIG count label (mig_count_profiles)
+        if key.startswith(_PARTITION_PREFIXES) and (
+            key.startswith(SLICES_PREFIX) or (key.endswith(".count") and _positive(value))
+        ):
+            return True
     return any(r.startswith(MIG_LABEL_PREFIX) for r in resources)
 
 

@@ -399,10 +399,12 @@ def _selection_key(selection: NodeSelection) -> bytes | None:
     return key if len(key) <= CANDIDATES_KEY_LIMIT else None
 
 
-def _labels(node: Json) -> dict[str, str]:
+def _labels(node: Json) -> Mapping[str, str]:
+    """The node's labels, all strings; a read-only Mapping other than a dict (cluster/labelsets.py's, shared
+    between the nodes of a rack) is kept as it is, like a dict."""
     meta = node.get("metadata")
     labels = meta.get("labels") if isinstance(meta, dict) else None
-    if not isinstance(labels, dict):
+    if not isinstance(labels, Mapping):
         return {}
     if all(type(k) is str and type(v) is str for k, v in labels.items()):
         return labels  # shared with the (read-only) Node object: 50,000 nodes need not hold two copies
@@ -572,7 +574,7 @@ def _build(
                 whole = count
     return GpuNode(
         name=name,
-        labels=labels if type(labels) is dict else dict(labels),
+        labels=labels,
         product=product,
         sharing=sharing or "none",
         mig_strategy=mig_strategy,

@@ -27,6 +27,7 @@ resource names no node advertises; the caller can still use the per-profile GFD 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -239,6 +240,7 @@ def _model_for_base(base: str) -> GpuModel | None:
     return _BY_NAME[chosen] if chosen is not None else None
 
 
+@functools.lru_cache(maxsize=1024)  # a cluster has a few products; every node of it is parsed at each build
 def parse_product(label: str) -> ProductInfo:
     """Split a GFD product label (`NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-SHARED`) and match its GPU model.
 

@@ -134,6 +134,9 @@ def test_watch_builds_then_updates_node_by_node_and_survives_hostile_nodes(
             text = metrics.render()
             assert 'gpu_admission_node_objects_clipped_total{reason="too-many-labels"} 2' in text
             assert "# TYPE gpu_admission_node_objects_clipped_total counter" in text
+            sets = len(state.node_transform.label_sets)  # the live nodes' shared label sets (cluster/labelsets.py)
+            assert sets > 0 and f"gpu_admission_node_label_sets {sets}\n" in text
+            assert "gpu_admission_node_labels_unshared_total 0\n" in text
             assert 'gpu_admission_node_events_total{counter="received"} 4' in text
             assert 'gpu_admission_node_events_total{counter="unchanged"} 1' in text
             assert 'gpu_admission_node_events_total{counter="applied"} 3' in text
@@ -202,7 +205,8 @@ def test_nodes_read_while_the_list_arrives_are_reused_only_for_the_same_object_a
     assert reads == [] and entries(inv, names) == entries(inventory_mod.build(plain, policy), names)
 
     newer = copy.deepcopy(objs[names[0]].as_object())  # a relist brought a newer object: read again
-    newer["metadata"]["labels"]["topology.kubernetes.io/rack"] = "rack-00009"
+    labels = newer["metadata"]["labels"]  # the cached labels are read-only (shared: cluster/labelsets.py)
+    newer["metadata"]["labels"] = {**labels, "topology.kubernetes.io/rack": "rack-00009"}
     relabelled = record(newer)
     inv = early.build({**objs, names[0]: relabelled}, policy, {}, None)
     assert reads == [names[0]] and entries(inv, names[:1])[names[0]].rack == "rack-00009"

@@ -703,6 +703,17 @@ def _register_gauges(m: Metrics, state: State, audit: Any, cfg: ServerConfig) ->
         lambda: [((("reason", k),), float(v)) for k, v in sorted(state.node_transform.snapshot().items())],
         kind="counter",
     )
+    m.gauge(
+        "gpu_admission_node_label_sets",
+        "Distinct node label sets (all labels but the hostname) shared by the nodes that carry them",
+        lambda: [((), float(len(state.node_transform.label_sets)))],
+    )
+    m.gauge(
+        "gpu_admission_node_labels_unshared_total",
+        "Nodes given labels of their own because the shared label sets were at their bound (cluster/labelsets.py)",
+        lambda: [((), float(state.node_transform.label_sets.unshared))],
+        kind="counter",
+    )
 
     def node_batches() -> list[tuple[tuple[tuple[str, str], ...], float]]:
         b = state.node_batches

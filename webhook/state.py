@@ -316,12 +316,17 @@ class State:
                     batches.put(change.key, change.new)
                 return
             if not built.is_set():
-                startup.__exit__(None, None, None)  # before _build collects: the list left cyclic garbage
-                with self._lock:
-                    records: dict[str, Any] = refl.snapshot()
-                    inv = _frozen(lambda: early.build(records, self._snap.policy, self._devices, self._classes))
-                    del records
-                    self._snap = Snapshot(self._snap.policy, inv, self._snap.namespaces, self._snap.resolve)
+                try:
+                    with self._lock:
+                        records: dict[str, Any] = refl.snapshot()
+                        # _frozen collects the list's cyclic garbage, then freezes what is kept
+                        inv = _frozen(lambda: early.build(records, self._snap.policy, self._devices, self._classes))
+                        del records
+                        self._snap = Snapshot(self._snap.policy, inv, self._snap.namespaces, self._snap.resolve)
+                finally:
+                    # The collector back on only now: on before the build, its first automatic collection
+                    # scanned every object the list had made (a second full pass beside _frozen's).
+                    startup.__exit__(None, None, None)
                 built.set()
                 early.clear()
             self.status.inventory_synced = True
