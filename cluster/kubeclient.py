@@ -793,8 +793,8 @@ class KubeClient:
                             whole["items"] = _transformed(whole.get("items") or [], transform)
                         return whole
                     raise
-                if first is None:
-                    first = current
+                if first is None:  # its apiVersion and kind, not its items (500 whole pods held to the end)
+                    first = {k: v for k, v in current.items() if k != "items"}
                 metadata = current.get("metadata") or {}
                 asked = metadata.get("continue") or None
                 if asked:

@@ -16,6 +16,7 @@ entry per node (~0.5 KB) for nothing. At the default bound that waste is at most
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
@@ -147,7 +148,7 @@ class LabelSets:
         base = LabelSet(labels)
         base.host_at = [*labels].index(HOSTNAME)
         del base[HOSTNAME]
-        self._sets[key] = weakref.ref(base, lambda dead, key=key: self._drop(key, dead))
+        self._sets[key] = weakref.ref(base, functools.partial(self._drop, key))
         return base
 
     def _drop(self, key: tuple[str | None, ...], dead: weakref.ref[LabelSet]) -> None:

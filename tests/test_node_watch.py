@@ -5,6 +5,7 @@ objects are skipped or clipped, counted in /metrics, without touching the other 
 from __future__ import annotations
 
 import copy
+import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,28 @@ def test_watch_builds_then_updates_node_by_node_and_survives_hostile_nodes(
             assert 'gpu_admission_node_events_total{counter="received"} 4' in text
             assert 'gpu_admission_node_events_total{counter="unchanged"} 1' in text
             assert 'gpu_admission_node_events_total{counter="applied"} 3' in text
+        finally:
+            state.stop()
+
+
+def test_the_collector_stays_off_through_the_first_lists_build_and_is_back_on_after(
+    api: KubeTestServer,  # noqa: F811
+    tls_dir: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On before the build, its first automatic collection scanned every object the list had made, beside the
+    build's own collect (a second full pass over 50,000 nodes' objects)."""
+    api.route(Script([]))
+    seen: list[bool] = []
+    real = state_mod._frozen
+    monkeypatch.setattr(state_mod, "_frozen", lambda *a, **k: seen.append(gc.isenabled()) or real(*a, **k))
+    state = State()
+    assert gc.isenabled()
+    with client_for(api, tls_dir) as client:
+        state.watch_nodes(client, interval=0.01)
+        try:
+            wait_for(lambda: state.status.inventory_synced)
+            assert seen == [False] and gc.isenabled()
         finally:
             state.stop()
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cluster.pods import PodEntry, PodView
 from cluster.reflector import Reflector
 from policies import ledger as L
@@ -22,6 +24,7 @@ from tests.test_ledger import stamp
 from tests.test_node_watch import wait_for
 from tests.test_placement import bound_pod
 from webhook import ledger
+from webhook import state as state_mod
 from webhook.state import State
 
 
@@ -203,18 +206,22 @@ def nodes_then_pods(api: KubeTestServer, tls_dir: Path, nodes: SlowNodes) -> Ite
 def test_the_pod_watch_starts_once_the_first_node_list_is_built(
     api: KubeTestServer,  # noqa: F811
     tls_dir: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Both first lists at once fragment the heap (docs/benchmarks.md §4): the pods are listed only after the
-    Node inventory is built, /readyz saying why meanwhile."""
+    Node inventory is built, /readyz saying why meanwhile; glibc's mmap threshold is fixed from then on."""
+    mallopts: list[tuple[int, int]] = []
+    monkeypatch.setattr(state_mod, "_mallopt", lambda *a: mallopts.append(a))
     nodes = SlowNodes()
     with nodes_then_pods(api, tls_dir, nodes) as (state, refl):
         wait_for(lambda: api.requests_to("/api/v1/nodes"))
         time.sleep(0.5)
-        assert api.requests_to("/api/v1/pods") == [] and state.pods_waiting
+        assert api.requests_to("/api/v1/pods") == [] and state.pods_waiting and mallopts == []
         ready, details = state.ready()
         assert not ready and details["podView"]["note"].startswith("pod watch starts once the Node inventory")
         nodes.release.set()
         assert refl.wait_synced(20)
+        assert mallopts == [(-3, state_mod.POD_LIST_MMAP_THRESHOLD)]  # M_MMAP_THRESHOLD
         assert state.status.inventory_synced and not state.pods_waiting
         assert state.ready()[0] and state.pods is not None and state.pods.snapshot().pods == 2
 

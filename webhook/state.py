@@ -426,7 +426,7 @@ class State:
         allocatable GPUs until it is synced), so this costs start-up nothing but the pod view's later sync."""
         nodes = self._node_reflector
         if nodes is None or self._nodes_built.is_set():
-            refl.start()
+            _start_pod_list(refl)
             return
         self.pods_waiting = True
 
@@ -439,7 +439,7 @@ class State:
                     break  # the Node list fails (forbidden, unreachable) or crawls: the pods need not wait on it
             self.pods_waiting = False
             if not self._stop.is_set():
-                refl.start()  # a stop() between the test and here stopped `refl` first: its thread ends at once
+                _start_pod_list(refl)  # a stop() between the test and here stopped `refl`: its thread ends at once
 
         threading.Thread(target=start_later, name="pods-after-nodes", daemon=True).start()
 
@@ -768,6 +768,29 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+# glibc mmaps an allocation of at least this size, and unmaps it when freed (M_MMAP_THRESHOLD). Its default
+# threshold is dynamic: it rises to the size of the largest mmapped block freed, so after the Node list's
+# pages (~2 MB each: 100 heavy Nodes) everything below that comes from the heap. The first pod list then
+# grows the pod table's columns (realloc moves them) and frees a 430 KB page every 500 pods between them:
+# ~18 MiB of heap free but not returned at 50,000 nodes + 500,000 pods, the whole gap between the peak and
+# the settled RSS (docs/benchmarks.md §4, session 9). Fixed from the first pod list on (the Node list is
+# done by then: mmapping its pages cost it +13 % CPU), so large blocks go back to the OS when freed and
+# grow by mremap.
+POD_LIST_MMAP_THRESHOLD = 256 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _start_pod_list(refl: Any) -> None:
+    _mallopt(_M_MMAP_THRESHOLD, POD_LIST_MMAP_THRESHOLD)
+    refl.start()
+
+
+def _mallopt(param: int, value: int) -> None:
+    """glibc's mallopt; a no-op where there is no glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(param, value)
 
 
 def _trim() -> None:
