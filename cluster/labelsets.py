@@ -43,6 +43,11 @@ class NodeLabels(Mapping[str, str]):
     def __init__(self, base: LabelSet, host: str) -> None:
         self._base, self._host = base, host
 
+    @property
+    def base(self) -> LabelSet:
+        """The shared set: every node whose labels differ from these only by hostname has this very one."""
+        return self._base
+
     def __getitem__(self, key: str) -> str:
         return self._host if key == HOSTNAME else self._base[key]
 

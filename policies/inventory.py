@@ -502,6 +502,19 @@ def node_from_object(
     return built
 
 
+def renamed(n: GpuNode, name: str, labels: Mapping[str, str]) -> GpuNode:
+    """`n` as node_from_object reads another node whose labels differ from n's only by the hostname label,
+    with the same status, pools and devices: it reads the hostname only through pools that select on it
+    (`hostname_pools`), so only the name and the labels differ."""
+    values: list[Any] = [name if f == "name" else labels if f == "labels" else getattr(n, f) for f in _NODE_FIELDS]
+    return GpuNode(*values)
+
+
+def hostname_pools(pools: Sequence[Pool]) -> bool:
+    """Some pool selects nodes by hostname: `renamed` would not do for them."""
+    return any(topology.HOSTNAME in p.node_selector for p in pools)
+
+
 def _with_devices(n: GpuNode, device_memory: int) -> GpuNode:
     """The node with the card memory the DRA driver reports (capacity `memory`) on its whole-GPU offers: as
     their memory when larger than the nominal one, and as what a DeviceClass's memory selector compares."""

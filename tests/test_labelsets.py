@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from cluster.labelsets import HOSTNAME, LabelSets, NodeLabels
 from cluster.nodes import NodeTransform, as_object, record, same_content
 from policies import inventory as inventory_mod
-from policies.document import default_policy
+from policies.document import default_policy, parse_policy_text
 from policies.selectors import node_selection, selection_filter
 from tests.bench import clustergen
 from tests.test_nodeindex import random_node, random_selection, relabel, summary
+from webhook import state as state_mod
 
 KEYS = st.sampled_from(["a", "b", "zone", "nvidia.com/gpu.product", "topology.kubernetes.io/rack", "x/y", ""])
 VALUES = st.sampled_from(["", "1", "v", "node-1", "node-2", HOSTNAME])
@@ -203,3 +204,37 @@ def test_batches_of_transformed_node_changes_equal_a_fresh_build_from_plain_dict
             changes[name] = inventory_mod.node_from_object(as_object(record(slim)), policy.pools)  # type: ignore[arg-type]
         inv = inv.apply(changes)
         assert summary(inv) == summary(inventory_mod.build([plain(o) for o in live.values()], policy)), step
+
+
+HOST_POOL = """
+apiVersion: gpu-admission.io/v1alpha1
+kind: Policy
+pools:
+  - name: one-host
+    nodeSelector: {kubernetes.io/hostname: h100-r00001-01}
+    product: NVIDIA-H100-80GB-HBM3
+    gpusPerNode: 8
+    nodes: 1
+"""
+
+
+@pytest.mark.parametrize("policy_text", ["", HOST_POOL], ids=["no-pools", "hostname-pool"])
+def test_a_racks_nodes_read_once_give_the_entries_each_read_alone_gives(policy_text: str) -> None:
+    """webhook/state._EarlyNodes reads the nodes that share a label set and a status once (renamed for the
+    others): every entry equals node_from_object's of that node, MIG, shared, CPU racks and relabels included."""
+    rng = random.Random(5)
+    policy = parse_policy_text(policy_text) if policy_text else default_policy()
+    transform = NodeTransform()
+    raws = [clustergen.node(i, heavy=True) for i in range(16 * 20)]
+    for raw in rng.sample(raws, 40):
+        relabel(rng, raw["metadata"]["labels"])
+    records = [r for r in (record(transform(raw)) for raw in raws) if r is not None]
+    early = state_mod._EarlyNodes()
+    for rec in records:
+        early.read(rec, policy, {}, None)
+    want = {r.name: inventory_mod.node_from_object(plain(r.as_object()), policy.pools) for r in records}
+    assert {name: entry[2] for name, entry in early.entries.items()} == want
+    assert sum(n is not None for n in want.values()) > 200 and any(n is None for n in want.values())
+    if policy_text:
+        assert want["h100-r00001-01"] is not None and want["h100-r00001-01"].pool == "one-host"
+    assert len(early._alike) < len(records) // 4 or policy_text  # read once per rack, not per node

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import gc
 import logging
+import operator
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from urllib.parse import quote
 from cluster.coalesce import Coalescer
 from cluster.dra import PATHS as DRA_PATHS
 from cluster.dra import SliceIndex, slim_slice, slim_spec
+from cluster.labelsets import NodeLabels
 from cluster.namespaced import IndexSnapshot, NamespacedIndex
 from cluster.nodes import NODE_DECODERS, NodeRecord, NodeTransform, as_object, record, same_content
 from cluster.pods import PodEntry, PodSnapshot, PodView
@@ -718,10 +720,27 @@ class _EarlyNodes:
 
     def __init__(self) -> None:
         self.entries: dict[str, tuple[NodeRecord, tuple[Any, ...], inventory_mod.GpuNode | None]] = {}
+        # (shared label set, shared status) -> (those two, the inputs, the entry read): a rack's nodes differ
+        # only by name and hostname, and are read once (a third of the first list's CPU otherwise)
+        self._alike: dict[tuple[int, int], tuple[Any, ...]] = {}
 
     def read(self, rec: NodeRecord, policy: Policy, devices: Devices, classes: dra.Classes | None) -> None:
         inputs = _node_inputs(rec.name, policy, devices, classes)
-        self.entries[rec.name] = (rec, inputs, _read_node(rec, *inputs))
+        self.entries[rec.name] = (rec, inputs, self._read(rec, inputs))
+
+    def _read(self, rec: NodeRecord, inputs: tuple[Any, ...]) -> inventory_mod.GpuNode | None:
+        labels, status = rec.labels, rec.status
+        pools, node_devices, _ = inputs
+        if not isinstance(labels, NodeLabels) or node_devices is not None or inventory_mod.hostname_pools(pools):
+            return _read_node(rec, *inputs)
+        key = (id(labels.base), id(status))
+        hit = self._alike.get(key)
+        if hit is not None and hit[0] is labels.base and hit[1] is status and all(map(operator.is_, hit[2], inputs)):
+            like: inventory_mod.GpuNode | None = hit[3]
+            return inventory_mod.renamed(like, rec.name, labels) if like is not None else None
+        n = _read_node(rec, *inputs)
+        self._alike[key] = (labels.base, status, inputs, n)  # holds both: their ids are not reused meanwhile
+        return n
 
     def build(
         self, objects: Mapping[str, NodeRecord], policy: Policy, devices: Devices, classes: dra.Classes | None
@@ -739,7 +758,7 @@ class _EarlyNodes:
         return inventory_mod.from_nodes(found, policy, classes)
 
     def clear(self) -> None:
-        self.entries = {}
+        self.entries, self._alike = {}, {}
 
 
 def _node_inputs(
