@@ -60,6 +60,10 @@ def test_the_strategy_label_alone_is_not_mig() -> None:
         ({"nvidia.com/gpu.slices.gi": "1"}, [GPU], True),
         ({"nvidia.com/mig-1g.10gb.count": "14"}, [GPU], True),
         ({"nvidia.com/mig-1g.10gb.count": "0"}, [GPU], False),
+        ({"nvidia.com/mig-1g.10gb.count": "1"}, [GPU], True),  # one slice is a MIG node too
+        ({"nvidia.com/mig-1g.10gb.count": "x"}, [GPU], False),
+        ({"nvidia.com/mig-1g.10gb.total": "7"}, [GPU], False),  # a count label ends in .count
+        ({"x.example/mig-1g.10gb.count": "7"}, [GPU], False),
         ({}, ["nvidia.com/mig-3g.40gb"], True),
         ({"cloud.google.com/gke-gpu-partition-size": "1g.5gb"}, [GPU], True),
     ],

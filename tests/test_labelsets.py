@@ -238,3 +238,23 @@ def test_a_racks_nodes_read_once_give_the_entries_each_read_alone_gives(policy_t
     if policy_text:
         assert want["h100-r00001-01"] is not None and want["h100-r00001-01"].pool == "one-host"
     assert len(early._alike) < len(records) // 4 or policy_text  # read once per rack, not per node
+
+
+def test_the_inventory_keeps_string_labels_as_they_are_and_turns_others_into_strings() -> None:
+    """policies.inventory._labels: a node's labels shared with its object (a dict or a NodeLabels, not
+    copied: 50,000 nodes need not hold two); labels of other types written as strings; no labels otherwise."""
+    gpu = {"allocatable": {"nvidia.com/gpu": "8"}}
+    plain_labels = {"nvidia.com/gpu.present": "true", HOSTNAME: "n1"}
+    node = inventory_mod.node_from_object({"metadata": {"name": "n1", "labels": plain_labels}, "status": gpu})
+    assert node is not None and node.labels is plain_labels
+    slim = NodeTransform()({"metadata": {"name": "n1", "labels": dict(plain_labels)}, "status": gpu})
+    assert slim is not None and isinstance(slim["metadata"]["labels"], NodeLabels)
+    node = inventory_mod.node_from_object(slim)
+    assert node is not None and node.labels is slim["metadata"]["labels"]
+    odd = {"nvidia.com/gpu.present": "true", 7: "v", "x": 1, "y": None}
+    node = inventory_mod.node_from_object({"metadata": {"name": "n2", "labels": odd}, "status": gpu})
+    assert node is not None
+    assert list(node.labels.items()) == [("nvidia.com/gpu.present", "true"), ("7", "v"), ("x", "1"), ("y", "None")]
+    for meta in ("garbage", ["a"], None, {"labels": "garbage"}):
+        node = inventory_mod.node_from_object({"metadata": meta, "status": gpu})
+        assert node is not None and dict(node.labels) == {} and node.whole_gpus == 8
