@@ -4,7 +4,8 @@ device-plugin vocabulary every rule already judges.
 A claim request for `gpu.nvidia.com` devices counts as that many `nvidia.com/gpu`, one for a MIG class
 fixed to a profile as `nvidia.com/mig-<profile>`, and one whose claim config shares the GPU (the NVIDIA
 driver's opaque `GpuConfig` with `sharing.strategy` TimeSlicing or MPS) as `nvidia.com/gpu.shared`: sharing
-is per claim under DRA, not per node. ResourceSlices become the same per-node offers a device plugin would
+is per claim under DRA, not per node. A MIG device is shared by a `MigDeviceConfig` (the same `sharing`): it
+stays its profile, marked shared. ResourceSlices become the same per-node offers a device plugin would
 advertise (`node_devices`). Field names follow resource.k8s.io/v1 (Kubernetes 1.34+) and the attributes the
 NVIDIA driver publishes (kubernetes-sigs/dra-driver-nvidia-gpu, docs/reference/resourceslice-attributes.md).
 """
@@ -28,6 +29,10 @@ TIER_LABEL = "gpu-admission.io/gpu-memory-tier"
 NVIDIA_DRIVER = "gpu.nvidia.com"
 CHANNEL_DRIVER = "compute-domain.nvidia.com"
 SHARING_STRATEGIES = frozenset({"TimeSlicing", "MPS"})
+# The driver's opaque config kind per device kind: it applies a GpuConfig to whole GPUs only and a MigDeviceConfig
+# to MIG devices only (an unnamed config of the other kind is passed over; gpu-kubelet-plugin device_state.go).
+SHARING_CONFIGS = {"gpu": "GpuConfig", "mig": "MigDeviceConfig"}
+_DEVICE_KINDS = {config: kind for kind, config in SHARING_CONFIGS.items()}
 # Requests (and subrequests) read per pod: more is malformed input, not a GPU job (the API allows 32).
 MAX_REQUESTS = 32
 
@@ -178,12 +183,13 @@ class ClaimAsk:
     request: str
     resource: str
     count: int
-    sharing: str = ""  # TimeSlicing | MPS from the claim's GpuConfig, else ""
+    sharing: str = ""  # TimeSlicing | MPS from the claim's GpuConfig or MigDeviceConfig, else ""
     memory: int | None = None  # bytes a CEL selector asks at least
     channel: bool = False
+    config: str = ""  # the config kind that set `sharing` (SHARING_CONFIGS)
 
     def describe(self) -> str:
-        how = f", GpuConfig sharing {self.sharing}" if self.sharing else ""
+        how = f", {self.config} sharing {self.sharing}" if self.sharing else ""
         return f"claim {self.claim} request {self.request} ({self.count} x {self.resource}{how})"
 
 
@@ -284,13 +290,13 @@ def _requests(claim: str, spec: Json, lookup: Lookup) -> tuple[list[ClaimAsk], l
             found += [ask] if ask is not None else []
         if found:
             # Judged as the first alternative, but shared when any alternative is: the pod may get that one.
-            shared = next((a.sharing for a in found if a.sharing), "")
-            out.append(replace(found[0], sharing=found[0].sharing or shared))
+            shared = next((a for a in found if a.sharing), found[0])
+            out.append(replace(found[0], sharing=shared.sharing, config=shared.config))
     return out, errors
 
 
 def _one(
-    claim: str, qualified: str, rname: str, body: Json, sharing: Mapping[str, str], lookup: Lookup
+    claim: str, qualified: str, rname: str, body: Json, sharing: Sharing, lookup: Lookup
 ) -> tuple[ClaimAsk | None, str]:
     cls_name = body.get("deviceClassName")
     if not isinstance(cls_name, str) or not cls_name:
@@ -310,10 +316,11 @@ def _one(
     if mode == "All":
         count = 0  # every matching device of one node: as many as the node has, unknown here
     text = " && ".join(exprs)
-    strategy = sharing.get(qualified) or sharing.get(rname) or sharing.get("", "")
+    strategy = _strategy(sharing, cls.kind, qualified, rname)
     resource = _resource(cls, text, strategy)
     memory = _memory_asked(text, body.get("capacity"))
-    return ClaimAsk(claim, qualified, resource, count, strategy, memory, cls.kind == "channel"), ""
+    config = SHARING_CONFIGS[cls.kind] if strategy else ""
+    return ClaimAsk(claim, qualified, resource, count, strategy, memory, cls.kind == "channel", config), ""
 
 
 # capacity.requests keys naming GPU memory: a QualifiedName, its domain the driver's when left out.
@@ -350,15 +357,20 @@ def _resource(cls: DeviceClass, selectors: str, sharing: str) -> str:
     return ""
 
 
-def _sharing(config: Any) -> dict[str, str]:
-    """Request name ("" for all) -> the GpuConfig sharing strategy the claim's config sets for it."""
-    out: dict[str, str] = {}
+Sharing = Mapping[tuple[str, str], str]  # (device kind, request name or "" for all) -> strategy
+
+
+def _sharing(config: Any) -> dict[tuple[str, str], str]:
+    """(device kind, request name; "" for all) -> the sharing strategy the claim's GpuConfig (kind gpu) or
+    MigDeviceConfig (kind mig) sets for it."""
+    out: dict[tuple[str, str], str] = {}
     for entry in config if isinstance(config, list) else []:
         opaque = entry.get("opaque") if isinstance(entry, dict) else None
         params = opaque.get("parameters") if isinstance(opaque, dict) else None
         if not isinstance(opaque, dict) or not isinstance(params, dict):
             continue
-        if opaque.get("driver") != NVIDIA_DRIVER or params.get("kind") != "GpuConfig":
+        kind = _DEVICE_KINDS.get(str(params.get("kind")))
+        if opaque.get("driver") != NVIDIA_DRIVER or kind is None:
             continue
         share = params.get("sharing")
         strategy = share.get("strategy") if isinstance(share, dict) else None
@@ -367,8 +379,14 @@ def _sharing(config: Any) -> dict[str, str]:
         names = entry.get("requests")
         for n in names if isinstance(names, list) and names else [""]:
             if isinstance(n, str):
-                out[n] = str(strategy)
+                out[kind, n] = str(strategy)
     return out
+
+
+def _strategy(sharing: Sharing, kind: str, *names: str) -> str:
+    """The strategy set for the first of `names` (most specific first) that a config names, else the one set
+    for all requests of this device kind, else ""."""
+    return next((sharing[kind, n] for n in names if (kind, n) in sharing), sharing.get((kind, ""), ""))
 
 
 def _by_container(spec: Json, by_claim: Mapping[str, list[int]], asks: list[ClaimAsk]) -> dict[str, tuple[int, ...]]:
@@ -449,7 +467,7 @@ def claim_held(claim: Json, classes: Classes) -> tuple[str, dict[str, int]]:
         cls = classes.get(cls_name) if isinstance(cls_name, str) else None
         if cls is None or not isinstance(request, str):
             continue
-        strategy = sharing.get(request) or sharing.get(request.split("/")[0]) or sharing.get("", "")
+        strategy = _strategy(sharing, cls.kind, request, request.split("/")[0])
         resource = _resource(cls, " && ".join(_selector_text(body.get("selectors") if body else None)), strategy)
         if resource:
             units[resource] = units.get(resource, 0) + 1

@@ -319,6 +319,11 @@ def shared_gpu_single(s: Subject) -> list[Violation]:
     return out[:1]
 
 
+def _unshared_choice(config: str) -> str:
+    # A shared MIG device is already a MIG device: only its sharing can go.
+    return "use a MIG device (mig.nvidia.com), " if config == "GpuConfig" else ""
+
+
 def online_no_timeslice(s: Subject) -> list[Violation]:
     """Checklist 3: time-slicing only for latency-insensitive work. Denies online inference on a
     time-sliced or MPS GPU (by resource name or by pinning to such nodes)."""
@@ -331,7 +336,7 @@ def online_no_timeslice(s: Subject) -> list[Violation]:
                 Violation(
                     f"online inference asks a time-sliced/MPS GPU through {claimed.describe()}: sharers get no "
                     f"memory or fault isolation",
-                    "drop the GpuConfig sharing from the claim, use a MIG device (mig.nvidia.com), or annotate "
+                    f"drop the {claimed.config} sharing from the claim, {_unshared_choice(claimed.config)}or annotate "
                     "gpu-admission.io/latency: offline",
                 )
             ]

@@ -1,5 +1,6 @@
 """A pod's ResourceClaims read request by request (policies/dra.py `pod_claims`): counts, allocation modes,
-GpuConfig sharing, which container each ask goes to, and malformed entries skipped without hiding the good ones.
+GpuConfig and MigDeviceConfig sharing, which container each ask goes to, and malformed entries skipped without
+hiding the good ones.
 The golden cases in tests/cases/dra/ are the behaviour; these pin the parts mutation testing found loose."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from policies.resources import GPU, GPU_SHARED, ContainerAsk
 GPU_CLASS = "gpu.nvidia.com"
 WHOLE_GPU = f"device.driver == '{GPU_CLASS}' && device.attributes['{GPU_CLASS}'].type == 'gpu'"
 TIME_SLICING = {"driver": GPU_CLASS, "parameters": {"kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}}
+MIG_MPS = {"driver": GPU_CLASS, "parameters": {"kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}}}
 
 
 def _claims(requests: list[Any], config: Any = None, containers: Any = None, refs: Any = None) -> dra.PodClaims:
@@ -81,10 +83,53 @@ def test_sharing_skips_every_config_entry_it_cannot_read_and_reads_the_ones_afte
         {"opaque": {"driver": GPU_CLASS, "parameters": {"kind": "GpuConfig", "sharing": {"strategy": 5}}}},
         good,
     ]
-    assert dra._sharing(config) == {"gpus": "TimeSlicing"}
+    assert dra._sharing(config) == {("gpu", "gpus"): "TimeSlicing"}
     # `requests` that is no list applies to all, like a missing one; an empty list too.
     for names in ("gpus", [], None):
-        assert dra._sharing([{"requests": names, "opaque": TIME_SLICING}]) == {"": "TimeSlicing"}
+        assert dra._sharing([{"requests": names, "opaque": TIME_SLICING}]) == {("gpu", ""): "TimeSlicing"}
+
+
+def test_a_mig_device_is_shared_by_a_mig_device_config_and_a_whole_gpu_by_a_gpu_config_only() -> None:
+    """The driver applies a GpuConfig to whole GPUs and a MigDeviceConfig to MIG devices: a config for all
+    requests shares only the devices of its kind. A shared MIG device stays its profile (no shared resource)."""
+    mig = {"name": "slice", "exactly": {"deviceClassName": "mig.nvidia.com", "selectors": [_profile("1g.10gb")]}}
+    both = [_exactly("whole"), mig]
+    by_gpu = _claims(both, [{"opaque": TIME_SLICING}])
+    assert [(a.resource, a.sharing, a.config) for a in by_gpu.asks] == [
+        (GPU_SHARED, "TimeSlicing", "GpuConfig"),
+        ("nvidia.com/mig-1g.10gb", "", ""),
+    ]
+    by_mig = _claims(both, [{"opaque": MIG_MPS}])
+    assert [(a.resource, a.sharing, a.config) for a in by_mig.asks] == [
+        (GPU, "", ""),
+        ("nvidia.com/mig-1g.10gb", "MPS", "MigDeviceConfig"),
+    ]
+    assert (
+        by_mig.asks[1].describe()
+        == "claim gpus request slice (1 x nvidia.com/mig-1g.10gb, MigDeviceConfig sharing MPS)"
+    )
+    named = _claims(both, [{"requests": ["slice"], "opaque": MIG_MPS}, {"requests": ["whole"], "opaque": TIME_SLICING}])
+    assert [a.config for a in named.asks] == ["GpuConfig", "MigDeviceConfig"]
+    assert dra._sharing([{"opaque": MIG_MPS}, {"requests": ["whole"], "opaque": TIME_SLICING}]) == {
+        ("mig", ""): "MPS",
+        ("gpu", "whole"): "TimeSlicing",
+    }
+
+
+def test_a_first_available_ask_takes_the_sharing_and_its_config_from_the_alternative_that_shares() -> None:
+    """Judged as the first alternative, but shared when any alternative is: a whole GPU first, a MIG device
+    shared by a MigDeviceConfig second, reads as the whole GPU with the MIG device's sharing and its config."""
+    first = {
+        "name": "gpus",
+        "firstAvailable": [
+            {"name": "whole", "deviceClassName": GPU_CLASS},
+            {"name": "slice", "deviceClassName": "mig.nvidia.com", "selectors": [_profile("1g.10gb")]},
+        ],
+    }
+    read = _claims([first], [{"requests": ["gpus/slice"], "opaque": MIG_MPS}])
+    assert [(a.request, a.resource, a.sharing, a.config) for a in read.asks] == [
+        ("gpus/whole", GPU, "MPS", "MigDeviceConfig")
+    ]
 
 
 def test_malformed_requests_are_skipped_and_every_error_is_kept() -> None:
@@ -182,7 +227,7 @@ def test_an_extended_resource_reads_as_its_class_and_a_missing_class_is_an_error
 
 def test_an_ask_is_described_with_its_sharing_only_when_shared() -> None:
     assert dra.ClaimAsk("gpus", "r", GPU, 2).describe() == "claim gpus request r (2 x nvidia.com/gpu)"
-    shared = dra.ClaimAsk("gpus", "r", GPU_SHARED, 1, "MPS").describe()
+    shared = dra.ClaimAsk("gpus", "r", GPU_SHARED, 1, "MPS", config="GpuConfig").describe()
     assert shared == "claim gpus request r (1 x nvidia.com/gpu.shared, GpuConfig sharing MPS)"
 
 
@@ -297,3 +342,7 @@ def test_a_pod_asking_nothing_through_dra_is_not_read_and_a_claim_of_no_gpus_sti
     }
     out, claims = dra.with_claims(pod, [_ask("c")], dra.Lookup(dra.Classes(), lambda *k: template, "ml"))
     assert out == [_ask("c")] and claims is not None and len(claims.asks) == 1
+
+
+def _profile(name: str) -> dict[str, Any]:
+    return {"cel": {"expression": f"device.attributes['{GPU_CLASS}'].profile == '{name}'"}}
