@@ -246,6 +246,7 @@ GARBAGE = [
     (["spec", "devices", "requests"], "x"),
     (["spec", "devices", "requests", 0], "x"),
     (["spec", "devices", "requests", 0, "exactly", "deviceClassName"], 7),
+    (["spec", "devices", "requests", 0, "exactly", "deviceClassName"], ["gpu.nvidia.com"]),  # unhashable
     (["status", "allocation", "devices"], ["x"]),
     (["status", "allocation", "devices", "results"], "xx"),
     (["status", "allocation", "devices", "results", 0], "x"),
@@ -290,6 +291,14 @@ def test_sharing_config_for_all_requests_the_request_or_the_chosen_subrequest() 
         assert held(claim("c", "n", ["gpu/whole"], reqs, config)) == ("n", {GPU_SHARED: 1}), names
     other = [{"requests": ["gpu/other"], "opaque": {"driver": "gpu.nvidia.com", "parameters": params}}]
     assert held(claim("c", "n", ["gpu/whole"], reqs, other)) == ("n", {GPU: 1})
+
+
+def test_a_held_whole_gpu_is_shared_by_a_gpu_config_only() -> None:
+    """The driver applies a MigDeviceConfig to MIG devices only: one for all requests leaves a whole GPU whole."""
+    for kind, resource in (("MigDeviceConfig", GPU), ("GpuConfig", GPU_SHARED)):
+        params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind, "sharing": {"strategy": "MPS"}}
+        config = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": params}}]
+        assert held(claim("c", "n", ["gpus"], config=config)) == ("n", {resource: 1}), kind
 
 
 def test_no_more_results_are_read_than_the_bound() -> None:
