@@ -240,3 +240,304 @@ def test_a_predictor_view_lists_the_model_container_before_the_predictors_own() 
     assert pred["containers"] is listed and listed == [side, "junk"]
     only = {"spec": {"predictor": {"model": model, "containers": "junk"}}}
     assert next(podviews.templates("InferenceService", only, None)).pod["spec"]["containers"] == [model]
+
+
+# -- TrainJob ------------------------------------------------------------------------------------------------
+
+ANCESTOR = podviews.ANCESTOR
+PATCH_MANAGER = podviews.PATCH_MANAGER
+
+
+def _runtime() -> dict[str, Any]:
+    """A ClusterTrainingRuntime with a launcher job (3 pods) listed before the trainer's node job (numNodes 2)."""
+    launcher = {
+        "name": "launcher",
+        "template": {
+            "metadata": {"labels": {ANCESTOR: "launcher"}},
+            "spec": {"parallelism": 3, "template": {"spec": {"containers": [{"name": "launcher"}]}}},
+        },
+    }
+    node_containers = [
+        {"name": "sidecar"},
+        {
+            "name": "node",
+            "resources": {"limits": {"nvidia.com/gpu": 2}},
+            "env": [{"name": "A", "value": "1"}, {"name": "C", "value": "9"}],
+        },
+    ]
+    node = {
+        "name": "node",
+        "template": {
+            "metadata": {"labels": {ANCESTOR: "trainer"}},
+            "spec": {"template": {"metadata": {"labels": {"app": "train"}}, "spec": {"containers": node_containers}}},
+        },
+    }
+    return {
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "torch"},
+        "spec": {"mlPolicy": {"numNodes": 2}, "template": {"spec": {"replicatedJobs": [launcher, node]}}},
+    }
+
+
+def _trainjob(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "tj", "namespace": "ml"}, "spec": {"runtimeRef": {"name": "torch"}, **spec}}
+
+
+def _resolver(runtime: dict[str, Any]) -> Any:
+    return lambda kind, ns, name: runtime if (kind, ns, name) == ("ClusterTrainingRuntime", "", "torch") else None
+
+
+def _train_views(obj: dict[str, Any], runtime: dict[str, Any] | None = None) -> list[Any]:
+    return list(podviews.templates("TrainJob", obj, _resolver(runtime or _runtime())))
+
+
+@pytest.mark.parametrize(
+    ("ref", "namespace", "found"),
+    [
+        ({"name": "torch"}, "ml", ("ClusterTrainingRuntime", "", "torch")),
+        ({"name": "torch", "kind": "TrainingRuntime"}, "ml", ("TrainingRuntime", "ml", "torch")),
+        ({"name": "torch", "kind": "TrainingRuntime"}, None, ("TrainingRuntime", "", "torch")),
+        ({"name": "torch", "apiGroup": "trainer.kubeflow.org"}, "ml", ("ClusterTrainingRuntime", "", "torch")),
+        ({"name": "torch", "apiGroup": "example.com"}, "ml", None),
+        ({"name": "torch", "kind": "JobSet"}, "ml", None),
+        ({"name": ""}, "ml", None),
+        ({"name": 5}, "ml", None),
+        ({}, "ml", None),
+    ],
+)
+def test_a_trainjob_references_a_trainer_runtime_by_kind_and_name(
+    ref: dict[str, Any], namespace: str | None, found: Any
+) -> None:
+    meta = {} if namespace is None else {"namespace": namespace}
+    assert podviews.runtime_ref({"metadata": meta, "spec": {"runtimeRef": ref}}) == found
+
+
+def test_a_trainjob_has_a_view_per_replicated_job_with_its_pod_count() -> None:
+    """The trainer's job runs numNodes pods (the TrainJob's, else the runtime's mlPolicy), another job its
+    parallelism (default 1); each view is named after its job and reached through runtimePatches."""
+    path = podviews.RUNTIME_PATH
+    assert [(t.path, t.replicas, t.role) for t in _train_views(_trainjob())] == [
+        (path, 3, "launcher"),
+        (path, 2, "node"),
+    ]
+    with_nodes = _train_views(_trainjob(trainer={"numNodes": 4}))
+    assert [t.replicas for t in with_nodes] == [3, 4]
+    runtime = _runtime()
+    launcher = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    del runtime["spec"]["mlPolicy"]
+    launcher["parallelism"] = "3"
+    assert [t.replicas for t in _train_views(_trainjob(), runtime)] == [1, 1]
+
+
+def test_replicated_jobs_without_a_name_or_a_pod_template_are_skipped_and_the_rest_read() -> None:
+    runtime = _runtime()
+    jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    jobs[0:0] = [{"name": "no-template", "template": {"spec": {}}}, {"template": jobs[0]["template"]}, "junk"]
+    assert [t.role for t in _train_views(_trainjob(), runtime)] == ["launcher", "node"]
+
+
+def test_a_runtime_pod_template_without_metadata_or_spec_is_viewed_with_empty_ones() -> None:
+    runtime = _runtime()
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"] = {}
+    launcher = _train_views(_trainjob(), runtime)[0]
+    assert launcher.pod == {"metadata": {}, "spec": {}}
+
+
+def test_spec_trainer_is_merged_into_the_node_container_of_the_trainer_job_only() -> None:
+    """resourcesPerNode overrides the runtime's resources key by key (limits and requests), env is merged by
+    name; other containers and the other jobs are left as the runtime has them."""
+    trainer = {
+        "resourcesPerNode": {"limits": {"nvidia.com/gpu": 8}, "requests": {"cpu": "4"}},
+        "env": [{"name": "A", "value": "2"}, {"name": "B", "value": "3"}, "junk"],
+    }
+    launcher, node = _train_views(_trainjob(trainer=trainer))
+    sidecar, main = node.pod["spec"]["containers"]
+    assert sidecar == {"name": "sidecar"}
+    assert main["resources"] == {"limits": {"nvidia.com/gpu": 8}, "requests": {"cpu": "4"}}
+    assert main["env"] == [{"name": "A", "value": "2"}, {"name": "C", "value": "9"}, {"name": "B", "value": "3"}]
+    assert launcher.pod["spec"]["containers"] == [{"name": "launcher"}]
+    runtime = _runtime()
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"] = {}
+    assert _train_views(_trainjob(trainer=trainer), runtime)[1].pod["spec"] == {}  # no containers: nothing merged
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"] = {
+        "containers": [{"name": "node"}]  # no env of its own
+    }
+    merged = _train_views(_trainjob(trainer=trainer), runtime)[1].pod["spec"]["containers"][0]["env"]
+    assert merged == [{"name": "A", "value": "2"}, {"name": "B", "value": "3"}]
+
+
+def test_without_a_runtime_the_nodes_are_judged_from_spec_trainer_and_never_mutated() -> None:
+    per_node = {"limits": {"nvidia.com/gpu": 8}}
+    obj = _trainjob(trainer={"numNodes": 2, "resourcesPerNode": per_node})
+    (view,) = podviews.templates("TrainJob", obj, lambda kind, ns, name: None)
+    assert (view.path, view.replicas, view.role, view.readonly, view.fold) == (
+        ("spec", "trainer"),
+        2,
+        "node",
+        True,
+        None,
+    )
+    assert view.pod == {"metadata": {}, "spec": {"containers": [{"name": "node", "resources": per_node}]}}
+    assert list(podviews.templates("TrainJob", _trainjob(), None)) == []  # nothing asked, nothing to judge
+
+
+def test_runtime_patches_that_are_no_list_make_the_views_read_only() -> None:
+    for t in _train_views(_trainjob(runtimePatches="junk")):
+        assert t.readonly and t.fold is None
+    for t in _train_views(_trainjob()):
+        assert not t.readonly and t.fold is not None
+
+
+def _patch(manager: str, job: str, pod: dict[str, Any]) -> dict[str, Any]:
+    jobs = [{"name": job, "template": {"spec": {"template": pod}}}]
+    return {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": jobs}}}}
+
+
+def test_other_managers_patches_are_merged_into_their_jobs_pods_in_order() -> None:
+    """Labels, annotations and nodeSelector merge key by key; affinity and tolerations are replaced; a patch
+    for one job leaves the other's pods alone; fields a runtime patch cannot set are not read."""
+    first = _patch(
+        "kueue.x-k8s.io/manager",
+        "node",
+        {
+            "metadata": {"labels": {"queue": "a"}, "annotations": {"note": "x"}},
+            "spec": {"nodeSelector": {"rack": "a"}, "tolerations": [{"key": "k"}], "containers": [{"name": "x"}]},
+        },
+    )
+    second = _patch("other", "node", {"spec": {"nodeSelector": {"zone": "z"}, "affinity": {"nodeAffinity": {}}}})
+    junk: list[Any] = ["junk", {"trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": None}}}}]
+    runtime = _runtime()
+    node_pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]
+    node_pod["spec"]["nodeSelector"] = {"pool": "gpu"}
+    launcher, node = _train_views(_trainjob(runtimePatches=[*junk, first, second]), runtime)
+    assert node.pod["metadata"] == {"labels": {"app": "train", "queue": "a"}, "annotations": {"note": "x"}}
+    assert node.pod["spec"]["nodeSelector"] == {"pool": "gpu", "rack": "a", "zone": "z"}
+    assert node.pod["spec"]["tolerations"] == [{"key": "k"}]
+    assert node.pod["spec"]["affinity"] == {"nodeAffinity": {}}
+    assert [c["name"] for c in node.pod["spec"]["containers"]] == ["sidecar", "node"]
+    assert launcher.pod["metadata"] == {} and "nodeSelector" not in launcher.pod["spec"]
+    # A nodeSelector that is not a mapping on either side is replaced, not merged.
+    third = _patch("third", "node", {"spec": {"nodeSelector": {"rack": "b"}}})
+    node_pod["spec"]["nodeSelector"] = "junk"
+    assert _train_views(_trainjob(runtimePatches=[third]), runtime)[1].pod["spec"]["nodeSelector"] == {"rack": "b"}
+
+
+def test_editing_a_view_edits_neither_the_runtime_nor_another_managers_patch() -> None:
+    """The runtime is shared by every TrainJob (and cached), another manager's patch is not ours: the views
+    are deep copies."""
+    runtime = _runtime()
+    kueue = _patch("kueue.x-k8s.io/manager", "node", {"spec": {"affinity": {"nodeAffinity": {"terms": []}}}})
+    obj = _trainjob(runtimePatches=[kueue])
+    runtime_before, obj_before = repr(runtime), repr(obj)
+    for t in _train_views(obj, runtime):
+        t.pod["metadata"].setdefault("labels", {})["new"] = "1"
+        t.pod["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})["terms"] = ["x"]
+        for c in t.pod["spec"].get("containers", []):
+            c.setdefault("resources", {}).setdefault("limits", {})["x"] = 1
+    assert repr(runtime) == runtime_before and repr(obj) == obj_before
+
+
+def _our_jobs(obj: dict[str, Any]) -> Any:
+    ours = [p for p in obj["spec"]["runtimePatches"] if isinstance(p, dict) and p.get("manager") == PATCH_MANAGER]
+    assert len(ours) == 1
+    return ours[0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+
+
+def _mutate_and_fold(obj: dict[str, Any], edit: Any) -> None:
+    views = _train_views(obj)
+    for t in views:
+        edit(t)
+    for t in views:
+        assert t.fold is not None
+        t.fold(t.pod)
+
+
+def test_what_the_mutations_add_is_written_as_our_own_runtime_patch_per_job() -> None:
+    """Changed scheduling fields whole, new or changed labels and annotations only; unchanged jobs get no
+    entry; a TrainJob with nothing added gets no patch at all."""
+
+    def edit(t: Any) -> None:
+        if t.role == "node":
+            t.pod["metadata"]["labels"]["app"] = "train"  # unchanged: not written
+            t.pod["metadata"]["labels"]["gpu-admission.io/job"] = "tj"
+            t.pod["metadata"].setdefault("annotations", {})["kueue.x-k8s.io/podset-required-topology"] = "rack"
+            t.pod["spec"]["nodeSelector"] = {"pool": "gpu"}
+            t.pod["spec"]["containers"][1]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = 1  # not patchable
+
+    obj = _trainjob()
+    _mutate_and_fold(obj, edit)
+    assert _our_jobs(obj) == [
+        {
+            "name": "node",
+            "template": {
+                "spec": {
+                    "template": {
+                        "metadata": {
+                            "labels": {"gpu-admission.io/job": "tj"},
+                            "annotations": {"kueue.x-k8s.io/podset-required-topology": "rack"},
+                        },
+                        "spec": {"nodeSelector": {"pool": "gpu"}},
+                    }
+                }
+            },
+        }
+    ]
+    untouched = _trainjob()
+    _mutate_and_fold(untouched, lambda t: None)
+    assert untouched["spec"] == {"runtimeRef": {"name": "torch"}}
+
+
+def test_our_existing_runtime_patch_entry_is_updated_in_place_job_by_job() -> None:
+    """A second admission (or a patch of ours already there) updates our one entry: the job's own item, the
+    other jobs' items kept."""
+    ours = _patch(PATCH_MANAGER, "launcher", {"spec": {"tolerations": [{"key": "old"}]}})
+    ours["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"].append(
+        {"name": "node", "template": {"spec": {"template": {"metadata": {"labels": {"kept": "1"}}}}}}
+    )
+    obj = _trainjob(runtimePatches=[_patch("kueue.x-k8s.io/manager", "node", {}), ours])
+
+    def edit(t: Any) -> None:
+        t.pod["metadata"].setdefault("labels", {})["role"] = t.role
+        t.pod["spec"]["tolerations"] = [{"key": t.role}]
+
+    _mutate_and_fold(obj, edit)
+    assert len(obj["spec"]["runtimePatches"]) == 2
+    launcher, node = _our_jobs(obj)
+    assert launcher["name"] == "launcher" and node["name"] == "node"
+    assert launcher["template"]["spec"]["template"]["spec"] == {"tolerations": [{"key": "launcher"}]}
+    assert launcher["template"]["spec"]["template"]["metadata"] == {"labels": {"role": "launcher"}}
+    assert node["template"]["spec"]["template"]["metadata"] == {"labels": {"kept": "1", "role": "node"}}
+    assert node["template"]["spec"]["template"]["spec"] == {"tolerations": [{"key": "node"}]}
+
+
+def test_our_entry_is_added_as_the_sixteenth_but_never_as_a_seventeenth() -> None:
+    """The TrainJob CRD allows 16 runtimePatches: with 16 of other managers there is no room for ours, and the
+    rules judge the pods as they stand."""
+
+    def edit(t: Any) -> None:
+        t.pod["spec"]["nodeSelector"] = {"pool": "gpu"}
+
+    for others, written in ((podviews.MAX_RUNTIME_PATCHES - 1, True), (podviews.MAX_RUNTIME_PATCHES, False)):
+        obj = _trainjob(runtimePatches=[{"manager": f"m{i}"} for i in range(others)])
+        _mutate_and_fold(obj, edit)
+        managers = [p["manager"] for p in obj["spec"]["runtimePatches"]]
+        assert (PATCH_MANAGER in managers) is written and len(managers) == others + written
+
+
+def test_a_malformed_entry_of_ours_is_left_as_it_is() -> None:
+    """Where our own entry has something that is not a mapping (or a list) on the way, nothing is written."""
+
+    def edit(t: Any) -> None:
+        t.pod["metadata"].setdefault("labels", {})["new"] = "1"
+        t.pod["spec"]["nodeSelector"] = {"pool": "gpu"}
+
+    for spec in ({"replicatedJobs": "junk"}, {"replicatedJobs": [{"name": "node", "template": "junk"}]}):
+        entry = {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": spec}}}
+        obj = _trainjob(runtimePatches=[entry])
+        before = repr(spec["replicatedJobs"]) if spec["replicatedJobs"] == "junk" else None
+        _mutate_and_fold(obj, edit)
+        jobs = obj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        if before is not None:
+            assert repr(jobs) == before
+        else:
+            assert jobs[1]["name"] == "launcher" and jobs[0] == {"name": "node", "template": "junk"}
