@@ -126,14 +126,6 @@ def _inference_service(spec: Json) -> Iterator[Template]:
         nodes = max(_int(worker.get("pipelineParallelSize"), 1), 1)
         view, fold = podspec_view(worker, pred, [])
         yield Template(("spec", "predictor", "workerSpec"), view, replicas * (nodes - 1), "worker", fold)
-    canaries = spec.get("canary")
-    for i, canary in enumerate(canaries if isinstance(canaries, list) else []):
-        alt = _dict(canary).get("predictor")
-        if isinstance(alt, dict):
-            extra = [alt[f] for f in ISVC_CONTAINER_FIELDS if isinstance(alt.get(f), dict)]
-            view, fold = podspec_view(alt, alt, extra)
-            replicas = max(_int(alt.get("minReplicas"), 1), 1)
-            yield Template(("spec", "canary", i, "predictor"), view, replicas, f"canary[{i}]", fold)
     for role in ("transformer", "explainer"):
         comp = spec.get(role)
         if isinstance(comp, dict):
@@ -187,7 +179,7 @@ def replica_selector(kind: str, obj: Json, role: str) -> Json | None:
         return None
     if kind == "InferenceService":
         if role not in ("predictor", "transformer", "explainer"):
-            return None  # workers follow their head; a canary shares the predictor's labels
+            return None  # workers follow their head
         return {"matchLabels": {ISVC_LABEL: name, ISVC_COMPONENT: role}}
     if kind == "LLMInferenceService":
         return {"matchLabels": {LLMISVC_NAME: name, LLMISVC_COMPONENT: "workload"}}

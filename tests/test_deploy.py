@@ -731,8 +731,6 @@ def _isvc(where: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
         if where == "worker":  # workerSpec has no labels of its own: they sit on the predictor
             pred = {**cpu, **copy.deepcopy(t.get("metadata", {}))}
             return _obj("InferenceService", {"predictor": {**pred, "workerSpec": copy.deepcopy(t.get("spec", {}))}})
-        if where == "canary":
-            return _obj("InferenceService", {"predictor": cpu, "canary": [{"predictor": _podspec(t)}]})
         if where == "transformer":
             return _obj("InferenceService", {"predictor": cpu, "transformer": _podspec(t)})
         return _obj("InferenceService", {"predictor": _podspec(t)})
@@ -782,7 +780,7 @@ FAMILIES: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     },
     "inferenceservices": {
         f"InferenceService({where})": _isvc(where)
-        for where in ("predictor", "model", "worker", "canary", "transformer")
+        for where in ("predictor", "model", "worker", "transformer")
     },
     "llminferenceservices": {
         f"LLMInferenceService({where})": _llmisvc(where) for where in ("template", "worker", "prefill")

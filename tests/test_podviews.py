@@ -99,8 +99,7 @@ def test_each_inference_service_component_spreads_by_its_own_labels_and_its_foll
         assert replica_selector("InferenceService", obj, role) == {
             "matchLabels": {"serving.kserve.io/inferenceservice": "isvc", "component": role}
         }
-    for role in ("worker", "canary[0]"):
-        assert replica_selector("InferenceService", obj, role) is None
+    assert replica_selector("InferenceService", obj, "worker") is None
     llm = {"matchLabels": {"app.kubernetes.io/name": "isvc", "kserve.io/component": "workload"}}
     assert replica_selector("LLMInferenceService", obj, "prefill-main") == llm
     assert replica_selector("Deployment", obj, "main") is None
