@@ -504,6 +504,43 @@ def test_the_plan_follows_the_namespace_mode() -> None:
         assert {a for _, a, _ in audit[3]} - {"mutate"} == {"audit"}
 
 
+def test_a_plan_is_worked_out_once_per_policy_and_mode_and_their_number_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """engine._plan keeps one plan per (policy object, mode), reused while the registries are the ones it was
+    built from, and holds at most _PLANS_LIMIT plans (a full cache is emptied before the next is kept)."""
+    import dataclasses
+
+    from policies import engine
+
+    monkeypatch.setattr(engine, "_PLANS", {})
+    other = dataclasses.replace(POLICY)
+    first, second = engine._plan(POLICY, "enforce"), engine._plan(other, "enforce")
+    assert first.policy is POLICY and second.policy is other and first is not second
+    assert engine._plan(POLICY, "enforce") is first and engine._plan(other, "enforce") is second
+    assert engine._plan(POLICY, "warn") is not first
+    monkeypatch.setattr(engine, "MUTATIONS", engine.MUTATIONS[:1])
+    assert engine._plan(POLICY, "enforce") is not first  # a swapped registry gets a plan of its own
+
+    engine._PLANS.clear()
+    kept = [dataclasses.replace(POLICY) for _ in range(engine._PLANS_LIMIT + 1)]
+    for p in kept[:-1]:
+        engine._plan(p, "enforce")
+    assert len(engine._PLANS) == engine._PLANS_LIMIT
+    engine._plan(kept[-1], "enforce")
+    assert len(engine._PLANS) == 1
+
+
+def test_an_object_with_none_of_our_keys_reads_as_the_shared_none() -> None:
+    """userkeys.read's cheap test: metadata without a gpu-admission.io/ key (the webhook's own exception mark
+    aside) is not parsed, and reads as the one shared NONE; one key on any of the objects is parsed."""
+    from policies import userkeys
+
+    plain = {"metadata": {"labels": {"app": "x"}, "annotations": {userkeys.NATIVE_EXCEPTED: "y", "example.com/k": "z"}}}
+    assert userkeys.read(plain, plain) is userkeys.NONE
+    assert userkeys.read(plain, {"metadata": {"labels": {userkeys.WORKLOAD: "batch"}}}).workload == "batch"
+
+
 def test_the_plan_follows_the_registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Swapping the rule registry (as tests do) is seen by the next review under the same policy."""
     from policies import engine

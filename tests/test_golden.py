@@ -171,6 +171,9 @@ def test_case(path: Path) -> None:
     if any(res.outcome == "excepted" for res in r.results):
         assert r.exceptions, f"rules excepted but no exception named in the review\n{got}"
     assert len(r.mutations) == len(set(r.mutations)), got
+    if not any(res.outcome == "error" for res in r.results):  # a failed mutation drops those applied before it
+        applied = [(res.rule, res.action) for res in r.results if res.outcome == "applied"]
+        assert applied == [(m, "mutate") for m in r.mutations], got  # each applied mutation reported as one
     message = r.denial_message()
 
     # One line per denial: the rule id, what was found, how to fix it. Warnings: one short line.

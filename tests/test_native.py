@@ -477,6 +477,9 @@ def test_the_engine_skips_native_mutations_only_on_the_pods_the_policies_see() -
     assert not {"gpu-toleration", "scheduler-queue"} & set(skipped.mutations)
     outcomes = {r.rule: r.outcome for r in skipped.results}
     assert outcomes["gpu-toleration"] == outcomes["scheduler-queue"] == "native"
+    # reported as mutations (the audit record leaves out the results of action "mutate")
+    reported = {(r.rule, r.action) for r in skipped.results if r.outcome == "native" and r.rule in native.MAP_MUTATIONS}
+    assert reported == {("gpu-toleration", "mutate"), ("scheduler-queue", "mutate")}
     assert "tolerations" not in skipped.object["spec"]["template"]["spec"]
     # without --native-mutations (VAPs only) the webhook keeps mutating
     rules_only = review(job, policy=policy, inventory=inv, ctx=ReviewContext(native=native.NATIVE_RULES))
@@ -588,6 +591,22 @@ def test_an_object_already_marked_right_gets_no_patch_for_it() -> None:
     again = _native_review("exceptions/named-workload-excepted-from-one-rule", first.object)
     assert _marked(again) == "training-elastic-shrink"
     assert not any(native.EXCEPTED_ANNOTATION.replace("/", "~1") in dict(op).get("path", "") for op in again.patch)
+
+
+def test_an_object_no_mutation_changes_gets_a_patch_for_the_mark_alone() -> None:
+    """The mark is written (or a forged one removed) by the patch even when every mutation is already there."""
+    case_id = "exceptions/named-workload-excepted-from-one-rule"
+    mutated = _native_review(case_id).object
+    del mutated["metadata"]["annotations"][native.EXCEPTED_ANNOTATION]
+    r = _native_review(case_id, mutated)
+    assert r.mutations == () and _marked(r) == "training-elastic-shrink"
+    ptr = "/metadata/annotations/" + native.EXCEPTED_ANNOTATION.replace("/", "~1")
+    assert [dict(op) for op in r.patch] == [{"op": "add", "path": ptr, "value": "training-elastic-shrink"}]
+    forged = _native_review("exceptions/other-workload-not-excepted").object
+    forged["metadata"].setdefault("annotations", {})[native.EXCEPTED_ANNOTATION] = "training-elastic-shrink"
+    r = _native_review("exceptions/other-workload-not-excepted", forged)
+    assert r.mutations == () and _marked(r) is None
+    assert [dict(op) for op in r.patch] == [{"op": "remove", "path": ptr}]
 
 
 def test_each_policy_skips_only_its_own_rule_when_marked() -> None:
