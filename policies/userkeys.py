@@ -31,6 +31,8 @@ LATENCIES = ("online", "offline")
 MODES = ("enforce", "warn", "audit", "off")  # values of the namespace label ENFORCEMENT
 LABEL_KEYS = frozenset({WORKLOAD, JOB})
 ANNOTATION_KEYS = frozenset({GPU_MEMORY, LATENCY, JOB_GPUS})
+# The hint for one of our keys written in the other section.
+_MISPLACED = {"label": "; it is an annotation, not a label", "annotation": "; it is a label, not an annotation"}
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def read(*objects: Any, where: tuple[str, ...] = ()) -> UserKeys:
                     continue
                 if key not in keys:
                     if key in other:
-                        hint = f"; it is {'an annotation' if kind == 'label' else 'a label'}, not a {kind}"
+                        hint = _MISPLACED[kind]
                     elif key == ENFORCEMENT:
                         hint = "; it is a Namespace label"
                     else:
