@@ -354,6 +354,22 @@ def test_the_cache_is_bounded_and_keeps_recently_used_selections(monkeypatch: py
     assert computed == ["n1"]
 
 
+def test_an_eviction_another_thread_got_to_first_still_answers_the_selection() -> None:
+    """Reviews share an inventory across threads: when the least recently used entry is gone by the time
+    candidates evicts it (KeyError here), the eviction stops and the selection is still answered."""
+
+    class Raced(dict[bytes, Any]):
+        def __delitem__(self, key: bytes) -> None:
+            raise KeyError(key)
+
+    inv = inventory()
+    object.__setattr__(inv, "_candidates", Raced())
+    for i in range(inventory_mod.CANDIDATES_CACHE_SIZE):
+        inv.candidates(pod(nodeName=f"n{i}"))
+    rack_a = inv.candidates(pod(nodeSelector={RACK: "rack-a"}))
+    assert names(rack_a) and {n.rack for n in rack_a} == {"rack-a"}
+
+
 def test_a_huge_selection_is_answered_but_not_kept() -> None:
     inv = inventory()
     huge = pod(nodeSelector={RACK: "rack-a", "note": "x" * (inventory_mod.CANDIDATES_KEY_LIMIT + 1)})

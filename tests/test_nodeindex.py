@@ -63,6 +63,24 @@ def random_selection(rng: random.Random, names: list[str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_selections_over_the_index_match_the_node_by_node_filter(seed: int) -> None:
+    _selections_match_the_filter(seed)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_node_by_node_fallback_of_a_selection_too_deep_for_the_index_matches_too(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inventory._match tests node by node when selection_mask hits RecursionError (a pathologically nested
+    value): the same nodes."""
+
+    def too_deep(*_: Any) -> int:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(nodeindex, "selection_mask", too_deep)
+    _selections_match_the_filter(seed)
+
+
+def _selections_match_the_filter(seed: int) -> None:
     rng = random.Random(seed)
     names = [f"n{i}" for i in range(rng.randint(1, 120))]
     inv = inventory_mod.build([random_node(rng, n) for n in names], default_policy())
