@@ -676,7 +676,7 @@ def _ensure_job_label(s: Subject, p: Pod) -> bool:
     if not isinstance(labels, dict) or labels.get(OWN_JOB_LABEL) == s.job.value:
         return False
     if OWN_JOB_LABEL in labels:
-        return False  # the user's own value wins; the selector would then not match: the rule reports it
+        return False  # not a string (an invalid label the API server refuses): left alone
     labels[OWN_JOB_LABEL] = s.job.value
     return True
 

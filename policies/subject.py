@@ -312,6 +312,16 @@ def grouping(inv: Inventory, cands: NodeSet, key: str) -> placement.Grouping:
     return epoch.memo(("grouping", key, cands.mask), lambda: placement.Grouping(cands, key))  # type: ignore[no-any-return]
 
 
+def _own_job_value(pods: Sequence[Pod], name: str | None) -> str | None:
+    """The job's value of our job label: the one its templates already carry (their pods will, so the affinity
+    terms must select it, not the object's name), else the name. Templates naming different jobs have no one
+    value a selector could match, and an empty value names none: no job identity then (the rules say so)."""
+    given = {v for p in pods if isinstance(v := p.labels().get(OWN_JOB_LABEL), str)}
+    if len(given) > 1:
+        return None
+    return next(iter(given), name)
+
+
 def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkeys.UserKeys) -> Job:
     job_gpus = next((p.keys.job_gpus for p in pods if p.keys.job_gpus), None) or obj_keys.job_gpus
     if kind == "Pod":
@@ -330,9 +340,7 @@ def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: 
     total_pods = sum(p.template.replicas for p in gpu_pods)
     total_gpus = sum(p.template.replicas * p.ask.whole_gpus for p in gpu_pods)
     key = JOB_IDENTITY_LABEL.get(kind) or OWN_JOB_LABEL
-    value = name or None
-    if kind == "CronJob":
-        value = name or None
+    value = _own_job_value(pods, name or None) if key == OWN_JOB_LABEL else name or None
     sizes: tuple[int, ...] = ()
     if 1 < total_pods <= placement.MAX_GANG_PODS:
         sizes = tuple(p.ask.whole_gpus for p in gpu_pods for _ in range(p.template.replicas) if p.ask.whole_gpus > 0)
