@@ -17,7 +17,7 @@ import jsonpatch
 import orjson
 import pytest
 
-from tests.serverproc import ServerProcess, review
+from tests.serverproc import ServerProcess, review, written_records
 
 
 def pod(name: str = "trainer-0", gpus: int = 8, **meta: Any) -> dict[str, Any]:
@@ -162,7 +162,7 @@ def test_dry_run_is_recorded_as_dry_run(server: ServerProcess, client: httpx.Cli
     check_envelope(post(client, "/mutate", review(obj, uid="dry-1", dry_run=True)), "dry-1")
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        records = [json.loads(line) for line in server.audit.read_text().splitlines() if line]
+        records = written_records(server.audit)
         found = [r for r in records if r["uid"] == "dry-1"]
         if found:
             assert found[0]["dryRun"] is True and found[0]["webhook"] == "mutate"

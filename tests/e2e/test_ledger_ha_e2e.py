@@ -27,7 +27,7 @@ from cluster.lease import LEASE_DURATION, RETRY_PERIOD
 from tests.e2e import placement as pl
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.webhook import NAMESPACE, POLICY_CONFIGMAP, Webhook, render
-from tests.serverproc import ServerProcess, make_certs
+from tests.serverproc import ServerProcess, make_certs, written_records
 
 pytestmark = pytest.mark.e2e
 
@@ -78,8 +78,7 @@ def jobs_total(srv: ServerProcess, ns: str) -> float:
 
 
 def outcomes(srv: ServerProcess) -> dict[str, dict[str, Any]]:
-    text = srv.audit.read_text() if srv.audit.exists() else ""
-    recs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    recs = written_records(srv.audit)
     return {r["group"]: r for r in recs if r.get("record") == "outcome"}
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import json
 import re
 import subprocess
 import time
@@ -20,7 +19,7 @@ from typing import Any
 import yaml
 
 from tests.e2e.cluster import ControlPlane
-from tests.serverproc import ROOT, ServerProcess, free_port, make_certs
+from tests.serverproc import ROOT, ServerProcess, free_port, make_certs, written_records
 
 NAMESPACE = "gpu-admission"
 POLICY_CONFIGMAP = "gpu-admission-policy"
@@ -125,8 +124,7 @@ class Webhook:
 
     def audit_records(self) -> list[dict[str, Any]]:
         assert self.server is not None
-        text = self.server.audit.read_text() if self.server.audit.exists() else ""
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return written_records(self.server.audit)
 
     def wait_audit(self, match: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> list[dict[str, Any]]:
         """The audit records `match` accepts, once there is one: the server writes records from a queue after
