@@ -29,8 +29,8 @@ from typing import Any, NamedTuple
 from policies import classify, comm, placement, topology
 from policies.inventory import Inventory
 from policies.resources import GPU, pod_ask
-from policies.subject import OWN_JOB_LABEL, job_label, meta_map, meta_str
-from policies.workloads import JOB_IDENTITY_LABEL
+from policies.subject import job_identity, job_label, meta_map, meta_str
+from policies.workloads import effective_kind, templates
 
 OUTCOMES: tuple[str, ...] = ("one-domain", "spanning", "unknown-topology", "partly-bound", "never-bound", "denied")
 BOUND_OUTCOMES = frozenset(OUTCOMES[:3])
@@ -187,15 +187,19 @@ def pod_fact(pod: Any) -> PodFact | None:
     return fact_of(f"{meta_str(pod, 'namespace')}/{meta_str(pod, 'name')}", units, node, note)
 
 
-def admitted_group(kind: str, namespace: str, name: str, labels: Mapping[str, Any]) -> str | None:
-    """The job or inference workload an admitted object stands for (what `pod_fact` calls its pods' group)."""
-    if kind == "Pod":
-        key = job_label(labels)
-        return placement.job_id(namespace, key, str(labels[key])) if key else None
+def admitted_group(kind: str, namespace: str, name: str, obj: dict[str, Any]) -> str | None:
+    """The job or inference workload an admitted object stands for (what `pod_fact` calls its pods' group): a
+    job's label and value are decided as the engine decides them (`subject.job_identity`: a RayJob whose
+    templates carry `gpu-admission.io/job: ppo-atari-run-7` is that job, not its name's)."""
+    kind = effective_kind(obj) or kind  # a Volcano Job is no batch/v1 Job: its pods carry volcano.sh/job-name
     if kind in INFERENCE_OWNERS:
         return inference_group(namespace, kind, name) if name else None
-    key = JOB_IDENTITY_LABEL.get(kind) or OWN_JOB_LABEL
-    return placement.job_id(namespace, key, name) if name else None
+    if kind == "Pod":
+        labels: Iterable[Mapping[str, Any]] = (meta_map(obj, "labels"),)
+    else:
+        labels = (meta_map(t.pod, "labels") for t in templates(obj))
+    key, value = job_identity(kind, name, labels)
+    return placement.job_id(namespace, key, value) if key and value else None
 
 
 # -- topology -----------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ dicts as in the working copy), and rules read the result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,11 +312,24 @@ def grouping(inv: Inventory, cands: NodeSet, key: str) -> placement.Grouping:
     return epoch.memo(("grouping", key, cands.mask), lambda: placement.Grouping(cands, key))  # type: ignore[no-any-return]
 
 
-def _own_job_value(pods: Sequence[Pod], name: str | None) -> str | None:
+def job_identity(kind: str, name: str, labels: Iterable[Mapping[str, Any]]) -> tuple[str | None, str | None]:
+    """The label that names an object's job and its value, as its pods will carry them: the engine's job and
+    the ledger's group of an admitted object (`ledger.admitted_group`) both come from here, so they agree.
+    `labels`: the pod's labels for a Pod, else each pod template's. (None, ...): no job identity."""
+    if kind == "Pod":
+        own = next(iter(labels), {})
+        key = job_label(own)
+        return key, own[key] if key else None
+    key = JOB_IDENTITY_LABEL.get(kind) or OWN_JOB_LABEL
+    value = _own_job_value(labels, name or None) if key == OWN_JOB_LABEL else name or None
+    return key if value else None, value
+
+
+def _own_job_value(labels: Iterable[Mapping[str, Any]], name: str | None) -> str | None:
     """The job's value of our job label: the one its templates already carry (their pods will, so the affinity
     terms must select it, not the object's name), else the name. Templates naming different jobs have no one
     value a selector could match, and an empty value names none: no job identity then (the rules say so)."""
-    given = {v for p in pods if isinstance(v := p.labels().get(OWN_JOB_LABEL), str)}
+    given = {v for lb in labels if isinstance(v := lb.get(OWN_JOB_LABEL), str)}
     if len(given) > 1:
         return None
     return next(iter(given), name)
@@ -324,10 +337,10 @@ def _own_job_value(pods: Sequence[Pod], name: str | None) -> str | None:
 
 def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkeys.UserKeys) -> Job:
     job_gpus = next((p.keys.job_gpus for p in pods if p.keys.job_gpus), None) or obj_keys.job_gpus
+    key, value = job_identity(kind, name, (p.labels() for p in pods))
     if kind == "Pod":
         pod = pods[0] if pods else None
         labels = pod.labels() if pod else {}
-        key = job_label(labels)
         per_pod = pod.ask.whole_gpus if pod else 0
         distributed = not labels.keys().isdisjoint(_DISTRIBUTED_POD_LABELS)
         multi = (job_gpus is not None and job_gpus > per_pod) or distributed
@@ -335,13 +348,11 @@ def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: 
             multi = False  # the whole job is this one pod (a 1-pod indexed Job, say): nothing to co-locate
         known = job_gpus is not None or not multi
         gang = placement.gang_sizes(job_gpus, per_pod) if job_gpus is not None and multi else ()
-        return Job(key, labels.get(key) if key else None, 2 if multi else 1, job_gpus or per_pod, multi, known, gang)
+        return Job(key, value, 2 if multi else 1, job_gpus or per_pod, multi, known, gang)
     gpu_pods = [p for p in pods if p.ask.asks_gpu]
     total_pods = sum(p.template.replicas for p in gpu_pods)
     total_gpus = sum(p.template.replicas * p.ask.whole_gpus for p in gpu_pods)
-    key = JOB_IDENTITY_LABEL.get(kind) or OWN_JOB_LABEL
-    value = _own_job_value(pods, name or None) if key == OWN_JOB_LABEL else name or None
     sizes: tuple[int, ...] = ()
     if 1 < total_pods <= placement.MAX_GANG_PODS:
         sizes = tuple(p.ask.whole_gpus for p in gpu_pods for _ in range(p.template.replicas) if p.ask.whole_gpus > 0)
-    return Job(key if value else None, value, total_pods, job_gpus or total_gpus, total_pods > 1, sizes=sizes)
+    return Job(key, value, total_pods, job_gpus or total_gpus, total_pods > 1, sizes=sizes)

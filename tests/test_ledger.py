@@ -181,8 +181,58 @@ def test_admitted_group_matches_the_pods_group() -> None:
     assert f is not None
     assert L.admitted_group("Job", "ml", "train", {}) == f.group
     assert L.admitted_group("Deployment", "ml", "web", {}) == "ml/Deployment/web"
-    assert L.admitted_group("Pod", "ml", "", {"batch.kubernetes.io/job-name": "train"}) == f.group
+    labelled = {"kind": "Pod", "metadata": {"labels": {"batch.kubernetes.io/job-name": "train"}}}
+    assert L.admitted_group("Pod", "ml", "", labelled) == f.group
     assert L.admitted_group("Pod", "ml", "x", {}) is None
+
+
+CASES = Path(__file__).parent / "cases"
+
+
+def _pods_of(review_object: dict[str, Any], group: int, ns: str) -> list[dict[str, Any]]:
+    """The pods KubeRay would create from worker group `group` of a (mutated) RayJob: its template's labels."""
+    tpl = review_object["spec"]["rayClusterSpec"]["workerGroupSpecs"][group]["template"]
+    meta = {**tpl["metadata"], "namespace": ns}
+    return [
+        {**tpl, "metadata": {**meta, "name": f"w{group}-{i}"}, "status": {}, "spec": {**tpl["spec"], "nodeName": ""}}
+        for i in range(2)
+    ]
+
+
+def test_admitted_group_of_a_job_whose_template_names_it_is_its_pods_group() -> None:
+    """The engine takes an own-label job's value from its templates (subject.job_identity); the group the
+    ledger files its admission under must be the one its pods carry, or its row never finds them."""
+    from policies import engine
+
+    case = yaml.safe_load((CASES / "kinds" / "rayjob-template-names-its-own-job.yaml").read_text())
+    obj = case["input"]
+    nodes = yaml.safe_load((Path(__file__).parent.parent / "examples" / "cluster" / "nodes.yaml").read_text())
+    inv = inventory_mod.build_cluster(nodes["items"], default_policy())
+    review = engine.review(obj, policy=default_policy(), inventory=inv)
+    pods = _pods_of(review.object, 0, "rl")
+    assert {L.pod_note(p).group for p in pods} == {"rl/gpu-admission.io/job=ppo-atari-run-7"}
+    assert L.admitted_group("RayJob", "rl", "ppo-atari", obj) == "rl/gpu-admission.io/job=ppo-atari-run-7"
+    # Without a value on the templates: the object's name, which the webhook puts on them.
+    del obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["metadata"]["labels"]["gpu-admission.io/job"]
+    review = engine.review(obj, policy=default_policy(), inventory=inv)
+    assert {L.pod_note(p).group for p in _pods_of(review.object, 0, "rl")} == {"rl/gpu-admission.io/job=ppo-atari"}
+    assert L.admitted_group("RayJob", "rl", "ppo-atari", obj) == "rl/gpu-admission.io/job=ppo-atari"
+
+
+@pytest.mark.parametrize("case", ["rayjob-templates-name-two-jobs", "rayjob-template-empty-job-label"])
+def test_admitted_group_of_a_job_without_identity_is_none(case: str) -> None:
+    """Templates naming two jobs, or an empty value: no job identity (training-same-rack denies); under a
+    warn or audit policy the object is admitted, and its pods are no one group."""
+    obj = yaml.safe_load((CASES / "kinds" / f"{case}.yaml").read_text())["input"]
+    assert L.admitted_group("RayJob", "rl", "ppo-atari", obj) is None
+
+
+def test_admitted_group_of_a_volcano_job_is_its_pods_group() -> None:
+    """The audit record's kind of a Volcano Job is `Job`: it is told apart by its API group, as the engine
+    does, since its pods carry volcano.sh/job-name (before: batch.kubernetes.io/job-name, no pod's group)."""
+    obj = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vj"}}
+    p = pod("vj-w-0", labels={"volcano.sh/job-name": "vj"}, owner=("Job", "vj"))
+    assert L.admitted_group("Job", "ml", "vj", obj) == L.pod_note(p).group == "ml/volcano.sh/job-name=vj"
 
 
 # -- the comm model of one placement ------------------------------------------------------------------------

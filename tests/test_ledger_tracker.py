@@ -97,6 +97,32 @@ def test_job_is_final_when_every_pod_is_bound_with_its_admission_uid() -> None:
     assert tr.sizes["groups"] == 0 and tr.counts["late"] == 1
 
 
+def test_a_job_whose_template_names_it_gets_its_admission_uid() -> None:
+    """A RayJob whose worker template says gpu-admission.io/job: ppo-atari-run-7: its admission is filed under
+    the group its pods carry (`admitted_group`), so the final row carries the admission's uid (before: filed
+    under the object's name, the row had no uid and the admission was never matched)."""
+    clock = Clock()
+    tr, finals, _ = tracker(clock)
+    template = {"metadata": {"labels": {"gpu-admission.io/job": "ppo-atari-run-7"}}, "spec": {"containers": []}}
+    rayjob = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "ppo-atari", "namespace": "ml"},
+        "spec": {"rayClusterSpec": {"workerGroupSpecs": [{"groupName": "gpu", "replicas": 2, "template": template}]}},
+    }
+    tr.admitted(L.admitted_group("RayJob", "ml", "ppo-atari", rayjob) or "", L.Admission("uid-r", T0, "allow"))
+    run7 = {"gpu-admission.io/job": "ppo-atari-run-7"}
+    pods = [pod(f"w-{i}", labels=run7, owner=("RayCluster", "r")) for i in (0, 1)]
+    for p in pods:
+        add(tr, p)
+    bind(tr, pods[0], "a-1", T0 + 1)
+    bind(tr, pods[1], "a-2", T0 + 2)
+    clock.now += ledger.SETTLE + 5
+    tr.sweep()
+    [row] = finals
+    assert (row.group, row.uid, row.outcome) == ("ml/gpu-admission.io/job=ppo-atari-run-7", "uid-r", "one-domain")
+
+
 def test_window_makes_partly_and_never_bound_final_and_partial_gauges_count_them_before() -> None:
     clock = Clock()
     tr, finals, m = tracker(clock, window=60)

@@ -644,10 +644,7 @@ def _record(req: admission.Request, webhook: str, r: Review) -> dict[str, Any] |
     if r.exceptions or r.expired:
         rec.update(exceptions=list(r.exceptions), expiredExceptions=list(r.expired))
     obj = req.object if isinstance(req.object, dict) else {}
-    labels = obj.get("metadata", {}).get("labels") if isinstance(obj.get("metadata"), dict) else None
-    rec["group"] = admitted_group(
-        str(rec["kind"] or ""), str(rec["namespace"]), _meta(obj, "name"), labels if isinstance(labels, dict) else {}
-    )
+    rec["group"] = admitted_group(str(rec["kind"] or ""), str(rec["namespace"]), _meta(obj, "name"), obj)
     return rec
 
 
