@@ -27,7 +27,7 @@ from policies.mutations import (
 )
 from policies.quantity import format_bytes
 from policies.resources import GPU, ContainerAsk, is_mig, is_shared, pod_ask
-from policies.subject import Pod, Subject, meta_map
+from policies.subject import OWN_JOB_LABEL, Pod, Subject, meta_map, own_job_values, uses_own_job_label
 from policies.topology import Level, domain_text, domains_text
 from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, containers, effective_kind, templates
 
@@ -95,9 +95,7 @@ def training_same_rack(s: Subject) -> list[Violation]:
         return [Violation(found, "set topology.rack in the policy or label GPU nodes with their rack")]
     key = domain[0]
     if s.job.key is None:
-        found = f"{size} training job ({roles}) has no job identity, so no same-rack affinity could be added{why}"
-        fix = f"give the pods a job label (e.g. gpu-admission.io/job) or a required podAffinity with topologyKey {key}"
-        return [Violation(found, fix)]
+        return [_no_job_identity(s, f"{size} training job ({roles}) has no job identity", why, key)]
     across = domains_text(level, s.inventory.rack_label) if level else "racks"
     found = f"{size} training job ({roles}) may be spread across {across}{why}"
     fix = (
@@ -105,6 +103,23 @@ def training_same_rack(s: Subject) -> list[Violation]:
         f"training-rack mutation"
     )
     return [Violation(found, fix)]
+
+
+def _no_job_identity(s: Subject, head: str, why: str, key: str) -> Violation:
+    """Why the job has no identity, and the fix that gives it one: our label's values on the templates, when
+    they are the cause (two different jobs, or an empty value), else no job label at all."""
+    values = own_job_values(p.labels() for p in s.pods) if uses_own_job_label(s.kind) else []
+    label = OWN_JOB_LABEL
+    if "" in values:
+        found = f"{head}: a pod template sets {label}='' (an empty value names no job)"
+        fix = f"set {label} to the job's name on every pod template, or remove it (the object's name is then used)"
+    elif len(values) > 1:
+        found = f"{head}: its pod templates name different jobs with {label} ({', '.join(values)})"
+        fix = f"give every pod template the same {label} value, or remove it (the object's name is then used)"
+    else:
+        found = head
+        fix = f"give the pods a job label (e.g. {label}) or a required podAffinity with topologyKey {key}"
+    return Violation(f"{found}, so no same-rack affinity could be added{why}", fix)
 
 
 def _no_domain_fits(s: Subject, d: placement.Decision) -> Violation:

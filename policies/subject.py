@@ -320,19 +320,31 @@ def job_identity(kind: str, name: str, labels: Iterable[Mapping[str, Any]]) -> t
         own = next(iter(labels), {})
         key = job_label(own)
         return key, own[key] if key else None
-    key = JOB_IDENTITY_LABEL.get(kind) or OWN_JOB_LABEL
-    value = _own_job_value(labels, name or None) if key == OWN_JOB_LABEL else name or None
-    return key if value else None, value
+    if not uses_own_job_label(kind):
+        return JOB_IDENTITY_LABEL[kind] if name else None, name or None
+    value = _own_job_value(labels, name or None)
+    return OWN_JOB_LABEL if value else None, value
+
+
+def uses_own_job_label(kind: str) -> bool:
+    """Kinds whose controller puts no job label on its pods (RayJob, a Deployment, ...): ours names the job."""
+    return kind != "Pod" and not JOB_IDENTITY_LABEL.get(kind)
+
+
+def own_job_values(labels: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The distinct values our job label has on the pod templates (strings only; another type is refused by
+    the annotations rule), sorted."""
+    return sorted({v for lb in labels if isinstance(v := lb.get(OWN_JOB_LABEL), str)})
 
 
 def _own_job_value(labels: Iterable[Mapping[str, Any]], name: str | None) -> str | None:
     """The job's value of our job label: the one its templates already carry (their pods will, so the affinity
     terms must select it, not the object's name), else the name. Templates naming different jobs have no one
     value a selector could match, and an empty value names none: no job identity then (the rules say so)."""
-    given = {v for lb in labels if isinstance(v := lb.get(OWN_JOB_LABEL), str)}
+    given = own_job_values(labels)
     if len(given) > 1:
         return None
-    return next(iter(given), name)
+    return given[0] if given else name
 
 
 def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: userkeys.UserKeys) -> Job:
