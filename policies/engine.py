@@ -306,6 +306,7 @@ def review(
                 if policy.failure_mode == "open":
                     work = obj  # never ship a half-applied mutation: fall back to the original
                     subject = build(work, policy, inventory, ctx)
+                    results[:] = [_dropped(r, m.id) if r.outcome == "applied" else r for r in results]
                     applied.clear()
                     break
                 failed_closed = True
@@ -487,6 +488,13 @@ def _names_gpu(spec: Json, mapped: frozenset[str]) -> bool:
                         if isinstance(k, str) and (k.startswith(GPU_PREFIXES) or k in mapped):
                             return True
     return False
+
+
+def _dropped(r: RuleResult, failed: str) -> RuleResult:
+    """An applied mutation's result once a later one raised under failureMode open: the original object is
+    shipped, so its change was not made (the result must not say `applied`)."""
+    message = f"{r.rule}: not applied: {failed} failed, and failing open ships the object unchanged"
+    return RuleResult(r.rule, r.action, "skip", message)
 
 
 def _internal_error(rule_id: str, exc: Exception, policy: Policy, denials: list[Finding], warnings: list[str]) -> str:

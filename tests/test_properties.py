@@ -23,7 +23,7 @@ from policies.mutations import MUTATIONS
 from policies.patch import diff
 from policies.rules import RULES
 from policies.workloads import ELASTICITY_KINDS, KUBEFLOW_REPLICA_SPECS, TEMPLATE_KINDS, effective_kind
-from tests.serverproc import NODES
+from tests.serverproc import NODES, ROOT
 
 POLICY = default_policy()
 INVENTORY = inventory_mod.build(yaml.safe_load(NODES.read_text())["items"], POLICY)
@@ -483,3 +483,32 @@ def test_a_raising_mutation_never_ships_a_half_applied_change(monkeypatch: pytes
         return True
 
     assert _for_each_gpu_workload(check) >= 100
+
+
+def test_mutations_applied_before_one_that_raises_are_reported_not_applied_under_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """failureMode open ships the original object when a mutation raises, so the mutations that had applied
+    before it made no change: their results say `skip` (not applied), not `applied`. Under closed the object
+    is denied and the review's object keeps their changes: their results stay `applied`."""
+    monkeypatch.setattr(
+        engine,
+        "MUTATIONS",
+        tuple(dataclasses.replace(m, fn=_raising(m.id)) if m.id == "job-size" else m for m in MUTATIONS),
+    )
+    docs = yaml.safe_load_all((ROOT / "examples" / "training" / "indexed-job.yaml").read_text())
+    job = next(d for d in docs if d["kind"] == "Job")
+    before = ["training-pool", "training-rack", "training-node-pack"]
+    r = review(job, policy=FAILURE_MODES["open"], inventory=INVENTORY)
+    assert (r.mutations, r.patch, r.object) == ((), (), job)
+    assert [f.rule for f in r.denials] == ["training-same-rack"]  # the rules judged the object shipped: unpinned
+    outcomes = [(x.rule, x.outcome, x.message) for x in r.results if x.action == "mutate"]
+    unchanged = "failed, and failing open ships the object unchanged"
+    assert outcomes == [
+        *((m, "skip", f"{m}: not applied: job-size {unchanged}") for m in before),
+        ("job-size", "error", "job-size: internal error (RuntimeError); allowed (failing open per policy)"),
+    ]
+    r = review(job, policy=FAILURE_MODES["closed"], inventory=INVENTORY)  # mutating goes on past the error
+    applied = [x.rule for x in r.results if x.outcome == "applied"]
+    assert not r.allowed and applied == list(r.mutations) and r.mutations[:3] == tuple(before)
+    assert ("job-size", "error") in [(x.rule, x.outcome) for x in r.results]
