@@ -117,7 +117,6 @@ class _Plan:
     fields)."""
 
     policy: Policy
-    mode: str
     mutations_from: tuple[Mutation, ...]
     rules_from: tuple[Rule, ...]
     mutations: tuple[tuple[Mutation, RuleResult, RuleResult], ...]  # with its applied and native results
@@ -141,7 +140,7 @@ def _plan(policy: Policy, mode: str) -> _Plan:
     for rule in RULES:
         action = _cap(policy.rules.get(rule.id, "enforce"), mode)
         rules.append((rule, action, _plain(rule.id, action, "pass"), _plain(rule.id, action, "skip")))
-    plan = _Plan(policy, mode, MUTATIONS, RULES, mutations, tuple(rules))
+    plan = _Plan(policy, MUTATIONS, RULES, mutations, tuple(rules))
     if len(_PLANS) >= _PLANS_LIMIT:
         _PLANS.clear()
     _PLANS[(id(policy), mode)] = plan  # the plan holds the policy: its id is not reused while the entry lives

@@ -48,7 +48,6 @@ class ContainerAsk:
 
     name: str
     init: bool
-    index: int
     amounts: Mapping[str, int]
     unparsable: tuple[str, ...]
     mismatched: tuple[str, ...]
@@ -143,7 +142,6 @@ def _container_ask(container: Json, init: bool, index: int, mapped: frozenset[st
     ask = ContainerAsk(
         name=cname if isinstance(cname, str) else f"#{index}",
         init=init,
-        index=index,
         amounts=amounts,
         unparsable=tuple(sorted(bad)) if bad else (),
         mismatched=tuple(sorted(mismatched)) if mismatched else (),

@@ -231,8 +231,8 @@ def test_an_ask_is_described_with_its_sharing_only_when_shared() -> None:
     assert shared == "claim gpus request r (1 x nvidia.com/gpu.shared, GpuConfig sharing MPS)"
 
 
-def _ask(name: str, init: bool = False, index: int = 0) -> ContainerAsk:
-    return ContainerAsk(name, init, index, {}, (), ())
+def _ask(name: str, init: bool = False) -> ContainerAsk:
+    return ContainerAsk(name, init, {}, (), ())
 
 
 def test_every_claim_of_a_pod_is_read_past_those_it_cannot_read_and_indexes_stay_its_own() -> None:
@@ -313,8 +313,7 @@ def test_claimed_devices_add_up_per_container_and_a_class_that_does_not_exist_is
         }
     }
     lookup = dra.Lookup(served, lambda k, ns, n: found.get((k, ns, n)), "ml")
-    asks = [_ask("warm", True), _ask("main", index=1), _ask("side", index=2), _ask("lost", index=3),
-            _ask("gone", index=4), _ask("odd", index=5), _ask("#6", index=6)]  # fmt: skip
+    asks = [_ask("warm", True), _ask("main"), _ask("side"), _ask("lost"), _ask("gone"), _ask("odd"), _ask("#6")]
     out, claims = dra.with_claims(pod, asks, lookup)
     assert {c.name: dict(c.claimed) for c in out if c.claimed} == {
         "warm": {GPU: 1},
