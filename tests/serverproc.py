@@ -21,8 +21,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 NODES = ROOT / "examples" / "cluster" / "nodes.yaml"
 # serve imports and builds its inventory in ~1 s on a free core, but took 16-26 s at load 26-32 on the
-# shared 2 cores (session 4): 20 s failed the bench smoke tests there. A bound, not a speed assertion.
-READY_TIMEOUT = 60.0
+# shared 2 cores (session 4), 23-30 s at load 26 and 43-62 s (certificates included) at nice 19 and load 21
+# (session 10): 60 s was within reach. A liveness bound, not a speed assertion: a server that exits is seen at
+# once (proc.poll), so only one that hangs waits it out.
+READY_TIMEOUT = 300.0
 
 
 def _die_with_parent() -> None:

@@ -13,6 +13,9 @@
 //	           this finds the saturation throughput. Latency is measured from the actual send.
 //
 // Requests cycle round-robin through the targets given with -req URL@FILE (repeatable) or -url/-body.
+// An answer counts as ok when it is a 2xx; with -review, also the AdmissionReview v1 response to its request
+// (the request's uid, a verdict); with -expect, also one that contains that substring. A request that gets no
+// answer within -timeout counts as "timeout"; a refused or reset connection as "transport".
 // Every occurrence of {{i}} in a body is replaced by the request's sequence number (unique names, uids).
 //
 // With -serve ADDR it is instead a no-op admission webhook (noop.go), the floor of any webhook's cost.
@@ -81,7 +84,7 @@ type sample struct {
 	target  int
 	latency time.Duration
 	ok      bool
-	class   string // "" when ok, else the HTTP status, "transport" or "unexpected-body"
+	class   string // "" when ok, else the HTTP status, "timeout", "transport", "bad-review" or "unexpected-body"
 	done    time.Time
 }
 
@@ -112,6 +115,7 @@ type config struct {
 	conns       int
 	maxInflight int
 	expect      []byte
+	review      bool
 	token       string
 	http2       bool
 	offset      int64
@@ -163,6 +167,7 @@ func main() {
 		conns      = flag.Int("conns", 0, "max connections per host (0: as many as needed; closed loop: -c)")
 		maxInfl    = flag.Int("max-inflight", 20000, "open loop: cap on outstanding requests")
 		expect     = flag.String("expect", "", "a 2xx answer must contain this substring to count as ok")
+		review     = flag.Bool("review", false, "a 2xx answer must be the AdmissionReview v1 answer to the request to count as ok")
 		useHTTP2   = flag.Bool("h2", false, "negotiate HTTP/2 (default HTTP/1.1 with keep-alive)")
 		serverName = flag.String("server-name", "", "TLS server name to verify (default: the URL host)")
 		offset     = flag.Int64("offset", 0, "first value of {{i}} (runs against the same names can then not collide)")
@@ -237,7 +242,8 @@ func main() {
 
 	cfg := config{
 		rate: *rate, conc: *conc, duration: *duration, warmup: *warmup, count: *count, timeout: *timeout,
-		conns: *conns, maxInflight: *maxInfl, expect: []byte(*expect), token: tok, http2: *useHTTP2, offset: *offset,
+		conns: *conns, maxInflight: *maxInfl, expect: []byte(*expect), review: *review, token: tok, http2: *useHTTP2,
+		offset: *offset,
 	}
 	if cfg.conns == 0 && cfg.conc > 0 {
 		cfg.conns = cfg.conc
@@ -289,7 +295,8 @@ func main() {
 func send(client *http.Client, targets []*target, cfg config, rec *recorder, i int64, from time.Time, measured bool) {
 	ti := int(i % int64(len(targets)))
 	t := targets[ti]
-	req, err := http.NewRequest(http.MethodPost, t.URL, bytes.NewReader(t.body(cfg.offset+i)))
+	payload := t.body(cfg.offset + i)
+	req, err := http.NewRequest(http.MethodPost, t.URL, bytes.NewReader(payload))
 	if err != nil {
 		rec.add(sample{target: ti, class: "transport", done: time.Now()}, err.Error())
 		return
@@ -322,6 +329,9 @@ func send(client *http.Client, targets []*target, cfg config, rec *recorder, i i
 	case resp.StatusCode/100 != 2:
 		s.class = strconv.Itoa(resp.StatusCode)
 		msg = string(body[:min(len(body), 300)])
+	case cfg.review && !answers(payload, body):
+		s.class = "bad-review"
+		msg = string(body[:min(len(body), 300)])
 	case len(cfg.expect) > 0 && !bytes.Contains(body, cfg.expect):
 		s.class = "unexpected-body"
 		msg = string(body[:min(len(body), 300)])
@@ -329,6 +339,30 @@ func send(client *http.Client, targets []*target, cfg config, rec *recorder, i i
 		s.ok = true
 	}
 	rec.add(s, msg)
+}
+
+// envelope is what -review reads of an AdmissionReview: the request's uid, the response's uid and verdict.
+type envelope struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Request    *struct {
+		UID string `json:"uid"`
+	} `json:"request"`
+	Response *struct {
+		UID     string `json:"uid"`
+		Allowed *bool  `json:"allowed"`
+	} `json:"response"`
+}
+
+// answers says whether `response` is the AdmissionReview v1 answer to the AdmissionReview `request`: a server
+// that answers 200 with garbage, another request's uid or no verdict is as wrong as one that answers 500.
+func answers(request, response []byte) bool {
+	var in, out envelope
+	if json.Unmarshal(request, &in) != nil || in.Request == nil || json.Unmarshal(response, &out) != nil {
+		return false
+	}
+	return out.APIVersion == "admission.k8s.io/v1" && out.Kind == "AdmissionReview" && out.Response != nil &&
+		out.Response.UID == in.Request.UID && out.Response.Allowed != nil
 }
 
 // openLoop sends on the schedule; it returns the dispatch lags (how late each request left, measured
