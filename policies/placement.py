@@ -447,9 +447,11 @@ def _first(keys: Sequence[tuple[Any, ...]], held: Mapping[str, Room], extra: lis
 def gang_sizes(gpus: int, per_pod: int) -> tuple[int, ...]:
     """GPUs of each pod of a job of `gpus` GPUs in pods of `per_pod` (the last taking any remainder);
     () when the sizes are unknown or the gang would be larger than MAX_GANG_PODS."""
-    if gpus <= 0 or per_pod <= 0 or gpus // per_pod > MAX_GANG_PODS:
+    if gpus <= 0 or per_pod <= 0:
         return ()
     full, rest = divmod(gpus, per_pod)
+    if full + (1 if rest else 0) > MAX_GANG_PODS:  # the remainder's pod counts too
+        return ()
     return (per_pod,) * full + ((rest,) if rest else ())
 
 

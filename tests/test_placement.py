@@ -647,3 +647,21 @@ def test_only_reserved_reads_every_reserved_rack_past_one_without_room() -> None
 def test_place_takes_the_node_with_least_room_that_fits_each_pod() -> None:
     # 6 on the 8 leaves 2, and the 2-GPU pod then takes that node, not the 3 (first fit would): 3 stays free
     assert place((3, 8), (6, 2)) == (0, 3)
+
+
+def test_a_jobs_gpus_are_split_into_pods_of_its_pod_size_the_last_taking_the_remainder() -> None:
+    assert placement.gang_sizes(10, 4) == (4, 4, 2)
+    assert placement.gang_sizes(4, 1) == (1, 1, 1, 1)
+    assert placement.gang_sizes(1, 1) == (1,)
+    assert placement.gang_sizes(16, 8) == (8, 8)
+    assert placement.gang_sizes(0, 4) == placement.gang_sizes(4, 0) == placement.gang_sizes(-8, 8) == ()
+
+
+def test_a_gang_of_more_than_max_gang_pods_pods_has_no_sizes_counting_the_remainders_pod() -> None:
+    """docs/policy.md "Limits": a gang of more than 1024 pods is not placed. 2,049 GPUs in 2-GPU pods are 1,025
+    pods (1,024 full and one of 1 GPU): before, only the full pods were counted against the limit."""
+    limit = placement.MAX_GANG_PODS
+    assert len(placement.gang_sizes(limit * 8, 8)) == limit
+    assert placement.gang_sizes(limit * 8 + 8, 8) == ()
+    assert len(placement.gang_sizes(limit * 2 - 1, 2)) == limit  # 1,023 pods of 2 and one of 1
+    assert placement.gang_sizes(limit * 2 + 1, 2) == ()
