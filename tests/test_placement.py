@@ -665,3 +665,79 @@ def test_a_gang_of_more_than_max_gang_pods_pods_has_no_sizes_counting_the_remain
     assert placement.gang_sizes(limit * 8 + 8, 8) == ()
     assert len(placement.gang_sizes(limit * 2 - 1, 2)) == limit  # 1,023 pods of 2 and one of 1
     assert placement.gang_sizes(limit * 2 + 1, 2) == ()
+
+
+def _two_racks() -> list[Any]:
+    from types import SimpleNamespace
+
+    racks = ("r1", "r1", "r2", "r2")
+    return [SimpleNamespace(name=f"n{i}", labels={RACK: r}, whole_gpus=8) for i, r in enumerate(racks)]
+
+
+def _bind(view: PodView, pod: str, node: str, gpus: int) -> Capacity:
+    view.apply(Change("MODIFIED", f"ns/{pod}", None, bound_pod(pod, node, gpus)))
+    return capacity_of(view.snapshot())
+
+
+def test_a_gang_shape_not_asked_for_two_snapshots_is_updated_by_every_rack_changed_since() -> None:
+    """The property above asks every gang at every snapshot (one step at a time); here (8, 8) is not asked while
+    r1 changes, then r2 changes: both racks' rooms must be recounted, not only the last step's."""
+    view = PodView(pod_facts)
+    view.load({})
+    kept = placement.Grouping(_two_racks(), RACK)
+    kept.at(capacity_of(view.snapshot())).room_index((8, 8))
+    kept.at(_bind(view, "a", "n0", 8))  # r1 changed; (8, 8) not asked
+    cap = _bind(view, "b", "n2", 4)  # r2 changed
+    fresh = placement.Grouping(_two_racks(), RACK).at(cap).room_index((8, 8))
+    assert kept.at(cap).room_index((8, 8)).rooms == fresh.rooms
+    assert fresh.fitting == [] and (fresh.rooms["r1"].free_gpus, fresh.rooms["r2"].free_gpus) == (8, 12)
+
+
+def test_after_pod_events_a_gang_shapes_rooms_are_brought_forward_not_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/policy.md "Limits": after a pod event only the racks of the nodes whose GPUs changed are recounted —
+    also across snapshots at which the shape was not asked."""
+    view = PodView(pod_facts)
+    view.load({})
+    kept = placement.Grouping(_two_racks(), RACK)
+    kept.at(capacity_of(view.snapshot())).room_index((8, 8))
+    builds: list[tuple[int, ...]] = []
+    build = placement.RoomIndex.build.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(placement.RoomIndex, "build", classmethod(lambda c, n, s: builds.append(s) or build(c, n, s)))
+    kept.at(_bind(view, "a", "n0", 8)).room_index((8, 8))
+    kept.at(_bind(view, "b", "n1", 8))
+    index = kept.at(_bind(view, "c", "n2", 4)).room_index((8, 8))
+    assert builds == [] and index.fitting == []
+
+
+def test_shortfall_of_a_domain_that_can_never_hold_the_gang_is_the_whole_gang() -> None:
+    assert shortfall((0,), (4,), (8,)) == 8
+    assert shortfall((4, 4), (8, 8), (8, 8, 8)) == 24
+
+
+def test_keep_off_and_only_reserved_have_nothing_to_say_of_a_pod_without_gpus() -> None:
+    """Guards of the pure functions (the engine never asks for a pod without whole GPUs): rack r is reserved for a
+    gang that no longer fits there, and r is every node there is."""
+    nodes = placement.DomainNodes({"r": (8,)}, {"r": (0,)}, {"n": "r"})
+    held = (Reservation("ns/j=other", RACK, "r", (8,)),)
+    assert placement.only_reserved(nodes, RACK, 0, held, None) == ()
+    assert placement.only_reserved(nodes, RACK, 1, held, None) == ()  # no node takes it
+    assert placement.keep_off(nodes, RACK, (), held, None) is None
+
+
+def test_shortfall_frees_whole_pieces_first_and_never_past_a_nodes_allocatable() -> None:
+    """Freeing 2 GPUs on the 7-GPU node (6 free) gives no 8-GPU piece, so the empty 8-GPU node is the one to
+    wait for: 8, not 9. With 4 + 2 + 2 to place, the 2-GPU node with 1 free needs 1 more — not 3 (its
+    allocatable is 2), and never a node already at its allocatable (nothing frees up there: the search would
+    not end)."""
+    assert shortfall((6, 0), (7, 8), (8,)) == 8
+    assert shortfall((4, 0, 1, 3), (4, 2, 2, 3), (4, 2, 2)) == 1
+
+
+def test_pieces_are_whole_pods_of_the_size_and_none_of_size_zero() -> None:
+    assert placement.pieces((8, 3), 1) == 11
+    assert placement.pieces((8, 3), 0) == 0
+
+
+def test_free_counts_of_domain_nodes_made_without_counts_are_counted_from_the_nodes() -> None:
+    nodes = placement.DomainNodes({"r": (8, 8), "s": (8,)}, {"r": (0, 8), "s": (8,)}, {})
+    assert nodes.free_counts() == {0: 1, 8: 2}
