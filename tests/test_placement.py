@@ -741,3 +741,27 @@ def test_pieces_are_whole_pods_of_the_size_and_none_of_size_zero() -> None:
 def test_free_counts_of_domain_nodes_made_without_counts_are_counted_from_the_nodes() -> None:
     nodes = placement.DomainNodes({"r": (8, 8), "s": (8,)}, {"r": (0, 8), "s": (8,)}, {})
     assert nodes.free_counts() == {0: 1, 8: 2}
+
+
+def test_a_grouping_keeps_the_rooms_of_at_most_indexes_kept_gang_shapes() -> None:
+    """docs/policy.md "Limits": 16 shapes per grouping; the 17th starts the store afresh."""
+    kept = placement.Grouping(_two_racks(), RACK)
+    nodes = kept.at(None)
+    for n in range(1, placement.INDEXES_KEPT + 1):
+        nodes.room_index((n,))
+    assert len(kept._indexes) == placement.INDEXES_KEPT
+    nodes.room_index((placement.INDEXES_KEPT + 1,))
+    assert list(kept._indexes) == [(placement.INDEXES_KEPT + 1,)]
+
+
+def test_when_nothing_fits_now_the_roomiest_has_the_most_pieces_then_the_most_free_gpus() -> None:
+    """The `prefer` fallback's domain: no rack holds 3 x 8 now; b has two free 8-GPU pieces, a and c one each, and a
+    12 free GPUs to c's 10."""
+    alloc = (8, 8, 8)
+    free = {"a": (0, 4, 8), "b": (0, 8, 8), "c": (0, 2, 8)}
+    cap = Capacity(used={}, jobs={})
+    d = decide(placement.DomainNodes({k: alloc for k in free}, free, {}), RACK, (8, 8, 8), cap)
+    assert d is not None and (d.source, d.roomiest) == (placement.NONE_FITS_NOW, "b")
+    del free["b"]
+    d = decide(placement.DomainNodes({k: alloc for k in free}, free, {}), RACK, (8, 8, 8), cap)
+    assert d is not None and d.roomiest == "a"
