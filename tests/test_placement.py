@@ -765,3 +765,13 @@ def test_when_nothing_fits_now_the_roomiest_has_the_most_pieces_then_the_most_fr
     del free["b"]
     d = decide(placement.DomainNodes({k: alloc for k in free}, free, {}), RACK, (8, 8, 8), cap)
     assert d is not None and d.roomiest == "a"
+
+
+def test_a_reservation_at_another_level_takes_nothing_from_a_domain_of_the_same_name() -> None:
+    """Domains are named by their label's values, which two levels may share: a zone reservation in zone `a`
+    leaves rack `a` to the best fit."""
+    alloc = {"a": (8, 8), "b": (8, 8, 8)}
+    nodes = placement.DomainNodes(alloc, alloc, {})
+    zone = Reservation("ns/j=other", "topology.kubernetes.io/zone", "a", (8, 8))
+    d = decide(nodes, RACK, (8, 8), Capacity(used={}, jobs={}), (zone,), "ns/j=x")
+    assert d is not None and (d.source, d.domain) == (placement.BEST_FIT, "a")
