@@ -199,7 +199,8 @@ def admitted_group(kind: str, namespace: str, name: str, obj: dict[str, Any]) ->
     else:
         labels = (meta_map(t.pod, "labels") for t in templates(obj))
     key, value = job_identity(kind, name, labels)
-    return placement.job_id(namespace, key, value) if key and value else None
+    # A pod's empty job label still names its group (`pod_note` files it there): only a missing one does not.
+    return placement.job_id(namespace, key, value) if key is not None and value is not None else None
 
 
 # -- topology -----------------------------------------------------------------------------------------------

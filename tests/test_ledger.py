@@ -184,6 +184,8 @@ def test_admitted_group_matches_the_pods_group() -> None:
     labelled = {"kind": "Pod", "metadata": {"labels": {"batch.kubernetes.io/job-name": "train"}}}
     assert L.admitted_group("Pod", "ml", "", labelled) == f.group
     assert L.admitted_group("Pod", "ml", "x", {}) is None
+    empty = pod("e-0", labels={"job-name": ""})  # an empty value is a value: the pod's note files it under it
+    assert L.admitted_group("Pod", "ml", "e-0", {"kind": "Pod", **empty}) == L.pod_note(empty).group == "ml/job-name="
 
 
 CASES = Path(__file__).parent / "cases"
