@@ -28,7 +28,7 @@ from policies.mutations import (
 from policies.quantity import format_bytes
 from policies.resources import GPU, ContainerAsk, is_mig, is_shared, pod_ask
 from policies.subject import OWN_JOB_LABEL, Pod, Subject, meta_map, own_job_values, uses_own_job_label
-from policies.topology import Level, domain_text, domains_text
+from policies.topology import Level, domain_text, domains_text, kind_of
 from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, containers, effective_kind, templates
 
 
@@ -125,8 +125,7 @@ def _no_job_identity(s: Subject, head: str, why: str, key: str) -> Violation:
 def _no_domain_fits(s: Subject, d: placement.Decision) -> Violation:
     gang = s.job.sizes
     shape = f"{len(gang)}x{gang[0]}" if gang and len(set(gang)) == 1 else f"{len(gang)}-pod"
-    level = level_of(s, d.key)
-    noun = domain_text(level, s.inventory.rack_label) if level else d.key
+    noun = _domain_noun(s, d.key)
     found = (
         f"no {noun} ({d.key}) has room for the {s.job.gpus}-GPU job ({shape} GPUs) now; {d.closest} would "
         f"once {d.shortfall} more GPUs free up there"
@@ -134,9 +133,17 @@ def _no_domain_fits(s: Subject, d: placement.Decision) -> Violation:
     return Violation(found, "retry when GPUs free up, or set placement.whenNoDomainFits: prefer in the policy")
 
 
+def _domain_noun(s: Subject, key: str) -> str:
+    """How a message names one domain of `key`. A ComputeDomain job is kept in one NVLink clique even where
+    the clique is no level (not on every whole-card node): such a key still reads as a clique."""
+    level = level_of(s, key)
+    if level is not None:
+        return domain_text(level, s.inventory.rack_label)
+    return "NVLink clique" if kind_of(key) == "nvlink" else key
+
+
 def _held_for_reservation(s: Subject, d: placement.Decision, held: tuple[str, ...]) -> Violation:
-    level = level_of(s, d.key)
-    noun = domain_text(level, s.inventory.rack_label) if level else d.key
+    noun = _domain_noun(s, d.key)
     gpus = next((p.ask.whole_gpus for p in s.gpu_pods if p.ask.whole_gpus > 0), 0)
     found = (
         f"no {noun} holds the {s.job.gpus}-GPU job now, and this {gpus}-GPU pod fits only on GPUs reserved for "
