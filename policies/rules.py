@@ -123,14 +123,20 @@ def _no_job_identity(s: Subject, head: str, why: str, key: str) -> Violation:
 
 
 def _no_domain_fits(s: Subject, d: placement.Decision) -> Violation:
-    gang = s.job.sizes
-    shape = f"{len(gang)}x{gang[0]}" if gang and len(set(gang)) == 1 else f"{len(gang)}-pod"
     noun = _domain_noun(s, d.key)
     found = (
-        f"no {noun} ({d.key}) has room for the {s.job.gpus}-GPU job ({shape} GPUs) now; {d.closest} would "
-        f"once {d.shortfall} more GPUs free up there"
+        f"no {noun} ({d.key}) has room for the {s.job.gpus}-GPU job ({_gang_shape(s.job.sizes)} GPUs) now; "
+        f"{d.closest} would once {d.shortfall} more GPUs free up there"
     )
     return Violation(found, "retry when GPUs free up, or set placement.whenNoDomainFits: prefer in the policy")
+
+
+def _gang_shape(sizes: tuple[int, ...]) -> str:
+    """`6x4`, or `1x8 + 4x4` for a gang of unequal pods: pods x GPUs, sizes in the order the gang lists them."""
+    counts: dict[int, int] = {}
+    for size in sizes:
+        counts[size] = counts.get(size, 0) + 1
+    return " + ".join(f"{n}x{size}" for size, n in counts.items())
 
 
 def _domain_noun(s: Subject, key: str) -> str:
