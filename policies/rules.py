@@ -28,7 +28,7 @@ from policies.mutations import (
 from policies.quantity import format_bytes
 from policies.resources import GPU, ContainerAsk, is_mig, is_shared, pod_ask
 from policies.subject import OWN_JOB_LABEL, Pod, Subject, meta_map, own_job_values, uses_own_job_label
-from policies.topology import Level, domain_text, domains_text, kind_of
+from policies.topology import Level, domain_text, domains_text
 from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, containers, effective_kind, templates
 
 
@@ -75,9 +75,9 @@ def training_same_rack(s: Subject) -> list[Violation]:
         if s.policy.when_no_domain_fits == "prefer" and all(prefers_domain(p, d.key) for p in missing):
             # A pod of such a gang that could run now only on GPUs reserved for another (pinned, whole) gang
             # is held back until the reservation ends: taking them leaves both gangs partly placed.
-            held = next((h for p in missing if (h := only_reserved_gpus(s, p, d.key))), ())
+            held = next(((p, h) for p in missing if (h := only_reserved_gpus(s, p, d.key))), None)
             if held:
-                return [_held_for_reservation(s, d, held)]
+                return [_held_for_reservation(s, d, *held)]
             # The webhook's own fallback: no rack holds the gang now, a required term would strand it. Said
             # here too: a workload's /validate call is the one whose warnings kubectl shows.
             s.notes.append(no_domain_fits_note(s, d))
@@ -140,20 +140,17 @@ def _gang_shape(sizes: tuple[int, ...]) -> str:
 
 
 def _domain_noun(s: Subject, key: str) -> str:
-    """How a message names one domain of `key`. A ComputeDomain job is kept in one NVLink clique even where
-    the clique is no level (not on every whole-card node): such a key still reads as a clique."""
+    """How a message names one domain of `key`, a level's key or the NVLink key: a ComputeDomain job is kept
+    in one clique even where the clique is no level (not on every whole-card node; mutations.job_domain)."""
     level = level_of(s, key)
-    if level is not None:
-        return domain_text(level, s.inventory.rack_label)
-    return "NVLink clique" if kind_of(key) == "nvlink" else key
+    return domain_text(level, s.inventory.rack_label) if level is not None else "NVLink clique"
 
 
-def _held_for_reservation(s: Subject, d: placement.Decision, held: tuple[str, ...]) -> Violation:
+def _held_for_reservation(s: Subject, d: placement.Decision, pod: Pod, held: tuple[str, ...]) -> Violation:
     noun = _domain_noun(s, d.key)
-    gpus = next((p.ask.whole_gpus for p in s.gpu_pods if p.ask.whole_gpus > 0), 0)
     found = (
-        f"no {noun} holds the {s.job.gpus}-GPU job now, and this {gpus}-GPU pod fits only on GPUs reserved for "
-        f"another job's gang in {noun} {', '.join(held)}: held until that gang binds (at most "
+        f"no {noun} holds the {s.job.gpus}-GPU job now, and this {pod.ask.whole_gpus}-GPU pod fits only on GPUs "
+        f"reserved for another job's gang in {noun} {', '.join(held)}: held until that gang binds (at most "
         f"placement.reservationSeconds, {s.policy.reservation_seconds:g} s)"
     )
     return Violation(found, "none for a Job's pods (its controller retries creating them); retry shortly otherwise")
