@@ -422,6 +422,10 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
     waiting_grace = c.integer(pl, "waitingGraceSeconds", 30, "placement", minimum=1, maximum=MAX_RESERVATION_SECONDS)
     gang = c.mapping(pl, "gangSchedulers", "placement")
     c.known(gang, ("kueue", "volcano", "kaiTopology", "workload"), "placement.gangSchedulers")
+    gang_kueue = c.boolean(gang, "kueue", False, "placement.gangSchedulers")
+    gang_volcano = c.boolean(gang, "volcano", False, "placement.gangSchedulers")
+    gang_kai_topology = c.string(gang, "kaiTopology", "", "placement.gangSchedulers")
+    gang_workload = c.boolean(gang, "workload", False, "placement.gangSchedulers")
 
     if c.errors:
         raise PolicyError(c.errors)
@@ -451,10 +455,10 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
         reservation_seconds=float(reservation_seconds),
         no_pods_grace_seconds=float(no_pods_grace),
         waiting_grace_seconds=float(waiting_grace),
-        gang_kueue=c.boolean(gang, "kueue", False, "placement.gangSchedulers"),
-        gang_volcano=c.boolean(gang, "volcano", False, "placement.gangSchedulers"),
-        gang_kai_topology=c.string(gang, "kaiTopology", "", "placement.gangSchedulers"),
-        gang_workload=c.boolean(gang, "workload", False, "placement.gangSchedulers"),
+        gang_kueue=gang_kueue,
+        gang_volcano=gang_volcano,
+        gang_kai_topology=gang_kai_topology,
+        gang_workload=gang_workload,
     )
 
 

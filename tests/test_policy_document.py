@@ -70,3 +70,19 @@ def test_hash_changes_with_the_text() -> None:
     a = parse_policy_text(default_policy_text())
     b = parse_policy_text(default_policy_text().replace("warmPool: 1", "warmPool: 2"))
     assert a.hash != b.hash
+
+
+def test_a_bad_gang_scheduler_setting_is_an_error_not_the_default() -> None:
+    # These four were once read after the error check: `kueue: please` compiled with the gang setting off and
+    # no error, so `policy validate` passed a policy whose placement silently ignored the operator's intent.
+    with pytest.raises(PolicyError) as info:
+        parse_policy_text(
+            HEAD + "placement:\n  gangSchedulers:\n    kueue: please\n    volcano: 1\n    kaiTopology: 5\n"
+            "    workload: 'no'\n"
+        )
+    assert info.value.errors == [
+        "placement.gangSchedulers.kueue (line 5): must be true or false, got 'please'",
+        "placement.gangSchedulers.volcano (line 6): must be true or false, got 1",
+        "placement.gangSchedulers.kaiTopology (line 7): must be a string, got integer",
+        "placement.gangSchedulers.workload (line 8): must be true or false, got 'no'",
+    ]
