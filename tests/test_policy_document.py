@@ -760,3 +760,28 @@ def test_did_you_mean_needs_a_long_enough_common_prefix(key: str, hint: str | No
     with pytest.raises(PolicyError) as info:
         compile_policy({**BASE, key: 1})
     assert info.value.errors == [f"{key}: unknown field" + (f" (did you mean {hint!r}?)" if hint else "")]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("x" * 78, "'" + "x" * 78 + "'"),  # a repr of 80 characters is shown whole
+        ("x" * 79, "'" + "x" * 76 + "..."),  # one more is cut to 77 and an ellipsis: 80 again
+    ],
+)
+def test_a_value_quoted_in_an_error_is_cut_at_80_characters(value: str, shown: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        compile_policy({**BASE, "inference": {"warmPool": value}})
+    assert info.value.errors == [f"inference.warmPool: must be an integer, got {shown}"]
+
+
+@pytest.mark.parametrize(
+    ("topology", "levels"),
+    [
+        ({"rack": "auto", "levels": ["a", "b"]}, ("a", "b")),  # an auto rack need not be listed
+        ({"rack": "r", "levels": []}, ()),  # no levels: auto-detected, the rack among them
+        ({"rack": "b", "levels": ["a", "b"]}, ("a", "b")),
+    ],
+)
+def test_levels_need_the_rack_only_when_both_are_set(topology: dict[str, Any], levels: tuple[str, ...]) -> None:
+    assert compile_policy({**BASE, "topology": topology}).levels == levels
