@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 import pytest
@@ -282,6 +283,24 @@ ERRORS: dict[str, tuple[dict[str, Any], list[str]]] = {
             "pools[2].migProfiles: must map MIG profile names (e.g. 1g.10gb) to slice counts",
         ],
     ),
+    "pool-profile-count-a-string-and-pool-name-a-number": (
+        {
+            "pools": [
+                {"name": "a", "nodeSelector": {"x": "y"}, "migProfiles": {"1g.10gb": "7"}},
+                {"name": 5, "nodeSelector": {"x": "y"}},
+            ]
+        },
+        [
+            "pools[0].migProfiles: must map MIG profile names (e.g. 1g.10gb) to slice counts",
+            "pools[1].name: must be a string, got integer",
+            "pools[1].name: is required",
+        ],
+    ),
+    "keys-with-a-backslash-or-a-prefix-shared-by-several-options": (
+        {"rules": {"a\\b": 1, "training-x": 1}},
+        # the key as written; of four rules starting "training-", the first listed is the hint
+        ["rules.a\\b: unknown field", "rules.training-x: unknown field (did you mean 'training-same-rack'?)"],
+    ),
     "pools-declare-too-many-nodes": (
         {
             "pools": [
@@ -467,15 +486,17 @@ def _many(n: int) -> dict[str, Any]:
     return {f"k{i}": "v" for i in range(n)}
 
 
+# Past its limit a list is not read at all: the entries below would each add an error (or 10 nodes each, past the
+# 10,000 in all), and only the limit is reported.
 @pytest.mark.parametrize(
     ("extra", "errors"),
     [
         (
-            {"pools": [{"name": f"p{i}", "nodeSelector": {"x": "y"}} for i in range(1001)]},
+            {"pools": [{"name": f"p{i}", "nodeSelector": {"x": "y"}, "nodes": 10} for i in range(1001)]},
             ["pools: must have at most 1000 entries, got 1001"],
         ),
         (
-            {"pools": [{"name": "a", "nodeSelector": _many(1001), "migProfiles": dict.fromkeys(_many(1001), 1)}]},
+            {"pools": [{"name": "a", "nodeSelector": _many(1001), "migProfiles": dict.fromkeys(_many(1001), 2000)}]},
             [
                 "pools[0].nodeSelector: must have at most 1000 entries, got 1001",
                 "pools[0].migProfiles: must have at most 1000 entries, got 1001",
@@ -486,8 +507,12 @@ def _many(n: int) -> dict[str, Any]:
             ["training.topologySchedulers: must have at most 1000 entries, got 1001"],
         ),
         (
-            {"gpuNodes": {"tolerations": [{"key": "k"}] * 1001}},
+            {"gpuNodes": {"tolerations": [{"key": 5}] * 1001}},
             ["gpuNodes.tolerations: must have at most 1000 entries, got 1001"],
+        ),
+        (  # at 1000 entries the selector is read, and a key too long is named
+            {"pools": [{"name": "a", "nodeSelector": {**_many(999), "k" * 1024: "v"}}]},
+            ["pools[0].nodeSelector: keys and values must be at most 1024 characters"],
         ),
     ],
 )
@@ -508,7 +533,14 @@ def test_lists_and_sizes_at_the_limit_compile() -> None:
                     "migProfiles": dict.fromkeys(_many(1000), 1024),
                     "nodes": 9001,
                 },
-                {"name": "b", "nodeSelector": {"k" * 1000: "v" * 24}, "nodes": 1, "gpusPerNode": 64, "replicas": 1024},
+                {
+                    "name": "b",
+                    "nodeSelector": {"k" * 1000: "v" * 24},
+                    "nodes": 1,
+                    "gpusPerNode": 64,
+                    "replicas": 1024,
+                    "migProfiles": {"p" * 1024: 1},
+                },
             ]
             + [{"name": f"p{i}", "nodeSelector": {"x": "y"}, "migProfiles": {"1g.10gb": 0}} for i in range(998)],
             "training": {"topologySchedulers": ["s" * 1024] * 1000},
@@ -785,3 +817,17 @@ def test_a_value_quoted_in_an_error_is_cut_at_80_characters(value: str, shown: s
 )
 def test_levels_need_the_rack_only_when_both_are_set(topology: dict[str, Any], levels: tuple[str, ...]) -> None:
     assert compile_policy({**BASE, "topology": topology}).levels == levels
+
+
+def test_a_finite_float_message_size_is_a_size() -> None:
+    assert compile_policy({**BASE, "comm": {"messageSize": 1048576.0}}).comm.message_bytes == 2**20
+
+
+def test_the_hash_is_of_the_text_or_of_the_sorted_document() -> None:
+    text = default_policy_text()
+    assert parse_policy_text(text).hash == "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    # a document without its text hashes as sorted YAML: the order of its keys does not matter
+    a = compile_policy({**BASE, "failureMode": "open", "inference": {"warmPool": 2}})
+    b = compile_policy({"inference": {"warmPool": 2}, "failureMode": "open", **BASE})
+    canonical = yaml.safe_dump({**BASE, "failureMode": "open", "inference": {"warmPool": 2}}, sort_keys=True)
+    assert a.hash == b.hash == "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
