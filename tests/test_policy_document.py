@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 from typing import Any
 
@@ -161,6 +162,20 @@ ERRORS: dict[str, tuple[dict[str, Any], list[str]]] = {
             "gpuNodes: must be a mapping, got list",
             "comm: must be a mapping, got string",
             "placement: must be a mapping, got integer",
+        ],
+    ),
+    "nested-sections-not-mappings": (
+        {
+            "training": {"queue": "kueue"},
+            "inference": {"spread": ["zones"]},
+            "placement": {"gangSchedulers": "kueue"},
+            "rules": datetime.date(2026, 12, 2),  # YAML reads an unquoted date as one
+        },
+        [
+            "rules: must be a mapping, got date",
+            "training.queue: must be a mapping, got string",
+            "inference.spread: must be a mapping, got list",
+            "placement.gangSchedulers: must be a mapping, got string",
         ],
     ),
     "mutations": (
