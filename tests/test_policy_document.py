@@ -166,13 +166,14 @@ ERRORS: dict[str, tuple[dict[str, Any], list[str]]] = {
     ),
     "nested-sections-not-mappings": (
         {
-            "training": {"queue": "kueue"},
+            "training": {"queue": "kueue", "pool": 5},
             "inference": {"spread": ["zones"]},
             "placement": {"gangSchedulers": "kueue"},
             "rules": datetime.date(2026, 12, 2),  # YAML reads an unquoted date as one
         },
         [
             "rules: must be a mapping, got date",
+            "training.pool: must be a string, got integer",
             "training.queue: must be a mapping, got string",
             "inference.spread: must be a mapping, got list",
             "placement.gangSchedulers: must be a mapping, got string",
