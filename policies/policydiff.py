@@ -8,15 +8,25 @@ _SETTINGS: tuple[tuple[str, str], ...] = (
     ("failure_mode", "failureMode"),
     ("default_enforcement", "defaultEnforcement"),
     ("rack", "topology.rack"),
+    ("levels", "topology.levels"),
     ("training_pool", "training.pool"),
     ("scheduler_name", "training.schedulerName"),
     ("queue_system", "training.queue.system"),
     ("queue_name", "training.queue.name"),
     ("priority_class", "training.priorityClassName"),
+    ("topology_schedulers", "training.topologySchedulers"),
     ("warm_pool", "inference.warmPool"),
     ("spread_when_unsatisfiable", "inference.spread.whenUnsatisfiable"),
     ("spread_zones", "inference.spread.zones"),
     ("tolerations", "gpuNodes.tolerations"),
+    ("when_no_domain_fits", "placement.whenNoDomainFits"),
+    ("reservation_seconds", "placement.reservationSeconds"),
+    ("no_pods_grace_seconds", "placement.noPodsGraceSeconds"),
+    ("waiting_grace_seconds", "placement.waitingGraceSeconds"),
+    ("gang_kueue", "placement.gangSchedulers.kueue"),
+    ("gang_volcano", "placement.gangSchedulers.volcano"),
+    ("gang_kai_topology", "placement.gangSchedulers.kaiTopology"),
+    ("gang_workload", "placement.gangSchedulers.workload"),
     ("comm", "comm"),
 )
 
@@ -48,6 +58,8 @@ def describe_changes(old: Policy, new: Policy) -> list[str]:
 
 
 def _show(value: object) -> str:
-    if value == "" or value == ():
+    if value == "" or value == () or value == frozenset():
         return "(unset)"
+    if isinstance(value, frozenset):  # a set's order is the hash seed's: sorted, the line is the same every run
+        value = tuple(sorted(value))
     return repr(value) if not isinstance(value, str) else value

@@ -485,6 +485,7 @@ def test_policy_diff_explains_changes(tmp_path: Path) -> None:
     doc["rules"]["training-topology-scheduler"] = "off"
     doc["mutations"]["inference-spread"] = False
     doc["inference"]["warmPool"] = 2
+    doc["placement"]["whenNoDomainFits"] = "deny"
     new = write(tmp_path, "new.yaml", yaml.safe_dump(doc))
     result = cli("policy", "diff", str(DEFAULT_POLICY), str(new))
     assert result.returncode == 0, result.stderr
@@ -493,7 +494,8 @@ def test_policy_diff_explains_changes(tmp_path: Path) -> None:
     assert "rule training-topology-scheduler: switched off (warn -> off)" in lines
     assert "mutation inference-spread: switched off" in lines
     assert "inference.warmPool: 1 -> 2" in lines
-    assert len(lines) == 4
+    assert "placement.whenNoDomainFits: prefer -> deny" in lines
+    assert len(lines) == 5
 
 
 def test_policy_diff_no_change() -> None:

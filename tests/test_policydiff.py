@@ -7,12 +7,13 @@ testing sees them, and pin every verb, every setting's label and how unset value
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import yaml
 
 from policies.document import Policy, compile_policy, default_policy_text
-from policies.policydiff import describe_changes
+from policies.policydiff import _SETTINGS, describe_changes
 
 DEFAULT_DOC: dict[str, Any] = yaml.safe_load(default_policy_text())
 
@@ -117,3 +118,41 @@ def test_every_setting_is_named_by_its_document_path_with_unset_and_non_string_v
 def test_a_value_that_is_only_falsy_is_shown_not_unset() -> None:
     """Only "" and () read as unset: a warm pool of 0 (inference.warmPool's lowest) is shown as 0."""
     assert describe_changes(policy(), policy(inference={"warmPool": 0})) == ["inference.warmPool: 1 -> 0"]
+
+
+def test_placement_levels_and_topology_schedulers_are_changes_too() -> None:
+    """These change verdicts (`whenNoDomainFits: deny` denies what `prefer` allowed), so `policy diff` must not
+    call such an edit "no change in behaviour" (it did before session 10)."""
+    old = policy()
+    new = policy(
+        topology={"levels": ["topology.kubernetes.io/rack", "topology.kubernetes.io/zone"]},
+        training={"topologySchedulers": ["volcano"]},
+        placement={
+            "whenNoDomainFits": "deny",
+            "reservationSeconds": 60,
+            "noPodsGraceSeconds": 5,
+            "waitingGraceSeconds": 10,
+            "gangSchedulers": {"kueue": True, "volcano": True, "kaiTopology": "gpu-topology", "workload": True},
+        },
+    )
+    assert describe_changes(old, new) == [
+        "topology.levels: (unset) -> ('topology.kubernetes.io/rack', 'topology.kubernetes.io/zone')",
+        "training.topologySchedulers: ('kai-scheduler', 'volcano') -> ('volcano',)",
+        "placement.whenNoDomainFits: prefer -> deny",
+        "placement.reservationSeconds: 120.0 -> 60.0",
+        "placement.noPodsGraceSeconds: 15.0 -> 5.0",
+        "placement.waitingGraceSeconds: 30.0 -> 10.0",
+        "placement.gangSchedulers.kueue: False -> True",
+        "placement.gangSchedulers.volcano: False -> True",
+        "placement.gangSchedulers.kaiTopology: (unset) -> gpu-topology",
+        "placement.gangSchedulers.workload: False -> True",
+    ]
+    assert describe_changes(old, policy(training={"topologySchedulers": []})) == [
+        "training.topologySchedulers: ('kai-scheduler', 'volcano') -> (unset)"
+    ]
+
+
+def test_every_setting_of_a_policy_is_compared() -> None:
+    """A setting added to Policy but not to the diff would be an edit `policy diff` calls no change."""
+    compared = {attr for attr, _ in _SETTINGS} | {"rules", "mutations", "pools"}
+    assert {f.name for f in dataclasses.fields(Policy)} - {"hash", "document"} == compared
