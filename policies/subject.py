@@ -103,9 +103,6 @@ class Pod:
     def labels(self) -> Json:
         return meta_map(self.template.pod, "labels")
 
-    def annotations(self) -> Json:
-        return meta_map(self.template.pod, "annotations")
-
 
 @dataclass(frozen=True)
 class Job:
