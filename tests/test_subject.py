@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from policies import placement
+from policies.subject import pod_facts
 from tests import test_golden as golden
 
 
@@ -33,3 +35,20 @@ def test_a_trainjob_judged_without_its_runtime_says_why_in_one_whole_warning(cas
     loaded = golden.load_case(golden.CASES / f"{case}.yaml")
     review = golden.run_case(loaded, loaded["input"])[0]
     assert warning in review.warnings, review.warnings
+
+
+@pytest.mark.parametrize("garbage", ["x", None, 5, ["a list"]])
+def test_pod_facts_refuses_a_pod_that_is_not_an_object_by_saying_so(garbage: object) -> None:
+    """The pod view's reader contract (cluster/pods.py `Reader`): garbage raises ValueError, one line."""
+    with pytest.raises(ValueError, match=r"^pod is not an object$"):
+        pod_facts(garbage)  # type: ignore[arg-type]
+
+
+def test_pod_facts_reads_the_units_and_the_job_of_a_pod() -> None:
+    pod = {
+        "metadata": {"namespace": "research", "labels": {"training.kubeflow.org/job-name": "bert"}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]},
+    }
+    units, job = pod_facts(pod)
+    assert units == {"nvidia.com/gpu": 2}
+    assert job == placement.job_id("research", "training.kubeflow.org/job-name", "bert")
