@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -271,7 +272,9 @@ def _late_binding(name: str, node: str = "h100-small-1") -> dict[str, Any]:
     return binding
 
 
-def test_a_bind_of_a_pod_the_view_has_not_seen_yet_waits_for_it_briefly_and_is_then_judged() -> None:
+def test_a_bind_of_a_pod_the_view_has_not_seen_yet_waits_for_it_briefly_and_is_then_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The scheduler can bind a pod a moment before the webhook's pod watch delivers it: a bind onto a reserved
     rack waits up to BIND_VIEW_WAIT for the view, so the harmful bind is refused instead of passed unseen."""
     from cluster.reflector import Change
@@ -281,6 +284,9 @@ def test_a_bind_of_a_pod_the_view_has_not_seen_yet_waits_for_it_briefly_and_is_t
     _reserve(s)
     view = s.state.pods
     assert view is not None
+    # A wide window for the delivery below: the wait ends as soon as the view has the pod, so this costs nothing
+    # on an idle machine, and on a busy one the 0.05 s sleep cannot outlast the real 0.3 s window.
+    monkeypatch.setattr(app_mod, "BIND_VIEW_WAIT", 30.0)
 
     async def bind_while_the_watch_delivers() -> tuple[int, bytes]:
         answer = asyncio.ensure_future(s.handler(_review(_late_binding("fresh-0")), "bind", None))
@@ -293,11 +299,12 @@ def test_a_bind_of_a_pod_the_view_has_not_seen_yet_waits_for_it_briefly_and_is_t
     assert status == 200 and response["allowed"] is False, response
     assert "binding pod ml-research/fresh-0 (8 GPUs)" in response["status"]["message"]
     assert 'gpu_admission_bind_view_waits_total{result="seen"} 1' in s.metrics.render()
-    # never seen (a pod with no GPU, or a watch further behind): allowed after the wait, well under 2 s
+    # never seen (a pod with no GPU, or a watch further behind): allowed after the real wait. Only its lower bound
+    # is asserted: how long past it a busy machine takes is no property of the code (timings are benchmarks').
+    monkeypatch.setattr(app_mod, "BIND_VIEW_WAIT", 0.3)
     t0 = time.monotonic()
     assert s.bind(_late_binding("cpu-pod"))["allowed"] is True
-    waited = time.monotonic() - t0
-    assert app_mod.BIND_VIEW_WAIT <= waited < 1.0, waited
+    assert time.monotonic() - t0 >= app_mod.BIND_VIEW_WAIT
     assert 'gpu_admission_bind_view_waits_total{result="not-seen"} 1' in s.metrics.render()
 
 
