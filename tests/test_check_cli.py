@@ -45,7 +45,7 @@ def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
         input=stdin,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,  # a liveness bound only: one call took ~50 s on a starved machine (#20)
         check=False,
     )
 
