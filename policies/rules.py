@@ -28,7 +28,7 @@ from policies.mutations import (
 from policies.quantity import format_bytes
 from policies.resources import GPU, ContainerAsk, is_mig, is_shared, pod_ask
 from policies.subject import OWN_JOB_LABEL, Pod, Subject, meta_map, own_job_values, uses_own_job_label
-from policies.topology import Level, domain_text, domains_text
+from policies.topology import Level, domain_text, domains_text, kind_of
 from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, containers, effective_kind, templates
 
 
@@ -54,8 +54,13 @@ def _training_pods(s: Subject) -> list[Pod]:
 
 
 def _job_level(s: Subject) -> Level | None:
+    """The level the job is kept at (mutations.job_domain), None when none is known. A ComputeDomain job is kept
+    in one NVLink clique even where the clique is no level (not on every whole-card node): its key then reads as
+    an NVLink level of unknown size, so messages name cliques and quote what leaving NVLink costs."""
     domain = job_domain(s)
-    return level_of(s, domain[0] if domain else None)
+    if domain is None:
+        return None
+    return level_of(s, domain[0]) or Level(domain[0], kind_of(domain[0]), domains=0, largest_gpus=0, nodes=0)
 
 
 def training_same_rack(s: Subject) -> list[Violation]:
@@ -89,14 +94,13 @@ def training_same_rack(s: Subject) -> list[Violation]:
     level = _job_level(s)
     penalty = level_penalty(s, level)
     why = f"; {penalty}" if penalty else ""
-    domain = job_domain(s)
-    if domain is None:
+    if level is None:
         found = f"{size} training job with no same-rack constraint ({roles}) and no rack label on GPU nodes{why}"
         return [Violation(found, "set topology.rack in the policy or label GPU nodes with their rack")]
-    key = domain[0]
+    key = level.key
     if s.job.key is None:
         return [_no_job_identity(s, f"{size} training job ({roles}) has no job identity", why, key)]
-    across = domains_text(level, s.inventory.rack_label) if level else "racks"
+    across = domains_text(level, s.inventory.rack_label)
     found = f"{size} training job ({roles}) may be spread across {across}{why}"
     fix = (
         f"add required podAffinity with topologyKey {key}, Kueue podset-required-topology, or enable the "
