@@ -4,7 +4,10 @@ realistic label sets (GPU Operator/GFD, GKE, EKS, GB200)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
+
+import pytest
 
 from policies import inventory as inventory_mod
 from tests.test_golden import policy_for
@@ -206,3 +209,60 @@ def test_a_declared_pools_rack_is_written_under_the_rack_label_the_policy_sets()
     inv = inventory_mod.empty(policy_for({"pools": POOLS[:1], "topology": {"rack": layer3}}))
     assert list(inv.nodes) == [_h100(0, layer3), _h100(1, layer3)]
     assert [lv.key for lv in inv.levels] == [layer3]
+
+
+# GFD-labelled nodes whose labels say what their allocatable says: GPU Operator defaults, MIG single, MIG mixed
+# (an all-balanced A100 and an H100 with MIG off), time-slicing with the resource not renamed, GB200 trays.
+GFD_NODES = [
+    ("gpu-operator-default", 0), ("mig-single", 0), ("mig-single", 1), ("mig-mixed", 0), ("mig-mixed", 1),
+    ("time-slicing", 0), ("time-slicing", 2), ("gb200-nvl72", 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cluster", "i"), GFD_NODES)
+def test_a_nodes_file_of_labels_only_reads_the_offers_the_allocatable_gives(cluster: str, i: int) -> None:
+    """Without a status (a nodes file of labels only), GFD's count labels stand in for the allocatable."""
+    obj = nodes(cluster)[i]
+    bare = copy.deepcopy(obj)
+    del bare["status"]
+    full, labels_only = inventory_mod.node_from_object(obj), inventory_mod.node_from_object(bare)
+    assert full is not None and labels_only is not None
+    assert labels_only.offers == full.offers and labels_only.whole_gpus == full.whole_gpus
+
+
+def test_labels_only_a_mixed_node_with_mig_slices_offers_the_slices_alone() -> None:
+    """The limit of the labels: on a MIG-mixed node `nvidia.com/gpu.count` counts every physical GPU, so beside
+    MIG counts it cannot say how many stayed whole; the slices are read, no nvidia.com/gpu (examples' a100-mig-1
+    advertises 2 whole GPUs in its allocatable)."""
+    obj = next(o for o in nodes("examples/cluster/nodes.yaml") if o["metadata"]["name"] == "a100-mig-1")
+    del obj["status"]
+    n = inventory_mod.node_from_object(obj)
+    assert n is not None
+    assert [(o.resource, o.count) for o in n.offers] == [
+        ("nvidia.com/mig-1g.10gb", 14),
+        ("nvidia.com/mig-2g.20gb", 6),
+        ("nvidia.com/mig-3g.40gb", 4),
+    ]
+
+
+def test_a_job_of_no_whole_gpu_or_of_one_gpu_on_gb200() -> None:
+    """GB200: the clique (level 0) comes before the rack (level 1). A known size of 0 whole GPUs (MIG slices
+    only) is kept in the rack like an unknown size; a 1-GPU job fits the narrowest level."""
+    inv = inventory_mod.build(nodes("gb200-nvl72"), policy_for(None))
+    assert [lv.key for lv in inv.levels][:2] == ["nvidia.com/gpu.clique", "topology.kubernetes.io/rack"]
+    assert inv.level_for(0, known=True) == 1
+    assert inv.level_for(64, known=False) == 1
+    assert inv.level_for(1, known=True) == 0
+    assert inv.level_for(12, known=True) == 0 and inv.level_for(13, known=True) == 2
+
+
+def test_the_members_of_each_product_are_node_sets_of_the_inventory() -> None:
+    inv = inventory_mod.build(nodes("time-slicing"), policy_for(None))
+    members = {name[1]: [n.name for n in m] for name, m in inv.all.members_of("product")}
+    assert members == {
+        "NVIDIA-L4-SHARED": ["l4-ts-default"],
+        "NVIDIA-L4": ["l4-ts-renamed"],
+        "NVIDIA-H100-80GB-HBM3": ["h100-whole-01"],
+    }
+    shared = inv.all.having(inventory_mod.SHARED)
+    assert sorted(name[1] for name, _ in shared.members_of("product")) == ["NVIDIA-L4", "NVIDIA-L4-SHARED"]
