@@ -106,13 +106,13 @@ class Pod:
 
 @dataclass(frozen=True)
 class Job:
-    """The job a training pod belongs to: identity label (key, value) if known, size in pods and GPUs.
+    """The job a training pod belongs to: identity label (key, value) if known, size in GPUs, and whether it
+    spans several pods.
     `gpus_known` is False for a pod of a multi-pod job without `gpu-admission.io/job-gpus`: `gpus` is then only
     this pod's share, a lower bound."""
 
     key: str | None
     value: str | None
-    pods: int
     gpus: int
     multi_pod: bool
     gpus_known: bool = True
@@ -357,11 +357,11 @@ def _derive_job(kind: str, obj: Json, name: str, pods: Sequence[Pod], obj_keys: 
             multi = False  # the whole job is this one pod (a 1-pod indexed Job, say): nothing to co-locate
         known = job_gpus is not None or not multi
         gang = placement.gang_sizes(job_gpus, per_pod) if job_gpus is not None and multi else ()
-        return Job(key, value, 2 if multi else 1, job_gpus or per_pod, multi, known, gang)
+        return Job(key, value, job_gpus or per_pod, multi, known, gang)
     gpu_pods = [p for p in pods if p.ask.asks_gpu]
     total_pods = sum(p.template.replicas for p in gpu_pods)
     total_gpus = sum(p.template.replicas * p.ask.whole_gpus for p in gpu_pods)
     sizes: tuple[int, ...] = ()
     if 1 < total_pods <= placement.MAX_GANG_PODS:
         sizes = tuple(p.ask.whole_gpus for p in gpu_pods for _ in range(p.template.replicas) if p.ask.whole_gpus > 0)
-    return Job(key, value, total_pods, job_gpus or total_gpus, total_pods > 1, sizes=sizes)
+    return Job(key, value, job_gpus or total_gpus, total_pods > 1, sizes=sizes)
