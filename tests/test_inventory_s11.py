@@ -266,3 +266,17 @@ def test_the_members_of_each_product_are_node_sets_of_the_inventory() -> None:
     }
     shared = inv.all.having(inventory_mod.SHARED)
     assert sorted(name[1] for name, _ in shared.members_of("product")) == ["NVIDIA-L4", "NVIDIA-L4-SHARED"]
+
+
+def test_gke_nodes_are_read_by_their_accelerator_and_partition_labels() -> None:
+    """GKE nodes carry no GFD product: `cloud.google.com/gke-accelerator` names the card (its memory from the
+    catalogue), `cloud.google.com/gke-gpu-partition-size` the MIG slice each nvidia.com/gpu unit is."""
+    by_name = {o["metadata"]["name"]: inventory_mod.node_from_object(o) for o in nodes("gke")}
+    h100, a100, l4 = by_name["gke-a3-mega-pool-0"], by_name["gke-a100-mig-pool-0"], by_name["gke-l4-shared-pool-0"]
+    assert h100 is not None and a100 is not None and l4 is not None
+    assert (h100.memory_bytes, h100.mig_strategy, h100.whole_gpus) == (80 * GiB, "none", 8)
+    assert h100.offers == (inventory_mod.Offer("nvidia.com/gpu", 8, 80 * GiB, 0, "whole"),)
+    assert (a100.memory_bytes, a100.mig_strategy, a100.whole_gpus, a100.partitioned) == (40 * GiB, "single", 0, True)
+    assert a100.offers == (inventory_mod.Offer("nvidia.com/gpu", 7, 5 * GiB, 1, "mig", "1g.5gb"),)
+    assert (l4.sharing, l4.mig_strategy) == ("time-slicing", "none")
+    assert l4.offers == (inventory_mod.Offer("nvidia.com/gpu", 3, 0, 0, "shared"),)
