@@ -429,7 +429,8 @@ def _prefer_roomiest(s: Subject, p: Pod, d: placement.Decision) -> bool:
 def no_domain_fits_note(s: Subject, d: placement.Decision) -> str:
     """The `prefer` fallback's warning, naming the level the job is kept in (rack, NVLink clique, block...)."""
     level = level_of(s, d.key)
-    noun = domain_text(level, s.inventory.rack_label) if level else "rack"
+    # No level: the NVLink key a ComputeDomain job is kept at where cliques are no level (job_domain).
+    noun = domain_text(level, s.inventory.rack_label) if level else "NVLink clique"
     factor = _level_factor(s, level)
     # Short (a warning is cut at 120 characters): the factor only; the deny message gives the assumptions.
     cost = f"; all-reduce ≈{factor:.1f}× slower split" if factor else ""
@@ -437,11 +438,12 @@ def no_domain_fits_note(s: Subject, d: placement.Decision) -> str:
 
 
 def _level_factor(s: Subject, level: Level | None) -> float | None:
-    """How many times slower the job's all-reduce is over two domains of `level` than in one (comm model)."""
+    """How many times slower the job's all-reduce is over two domains of `level` than in one (comm model). No
+    level: the NVLink cliques of a key that is no level (no_domain_fits_note)."""
     c = s.policy.comm
     gpus = max(s.job.gpus, 2)
     try:
-        if level is not None and level.kind == "nvlink":
+        if level is None or level.kind == "nvlink":
             return comm.nvlink_domain_penalty(c.message_bytes, gpus, c.bandwidths())
         est = comm.placement_estimate(c.message_bytes, gpus, s.inventory.max_whole_gpus or 8, c.bandwidths())
     except ValueError:
