@@ -280,3 +280,61 @@ def test_gke_nodes_are_read_by_their_accelerator_and_partition_labels() -> None:
     assert a100.offers == (inventory_mod.Offer("nvidia.com/gpu", 7, 5 * GiB, 1, "mig", "1g.5gb"),)
     assert (l4.sharing, l4.mig_strategy) == ("time-slicing", "none")
     assert l4.offers == (inventory_mod.Offer("nvidia.com/gpu", 3, 0, 0, "shared"),)
+
+
+def test_gb200_without_rack_labels_keeps_a_job_of_unknown_size_in_one_clique() -> None:
+    """GB200 trays labelled with their clique and zone but no rack: no switch level, so the narrowest level (the
+    clique) is where a job of unknown size (or of MIG slices only) is kept, never none."""
+    objs = nodes("gb200-nvl72")
+    for o in objs:
+        del o["metadata"]["labels"]["topology.kubernetes.io/rack"]
+    inv = inventory_mod.build(objs, policy_for(None))
+    assert [lv.key for lv in inv.levels] == ["nvidia.com/gpu.clique", "topology.kubernetes.io/zone"]
+    assert inv.rack_label is None
+    assert inv.level_for(64, known=False) == 0 and inv.level_for(0, known=True) == 0
+    assert inv.level_for(13, known=True) == 1
+
+
+L1, L2, L3 = (f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3))
+
+
+def test_declared_levels_above_the_detected_rack_make_the_first_of_them_rack_or_finer() -> None:
+    """EKS with topology.levels [layer-2, layer-1]: the rack label detected is still layer-3, but a job of unknown
+    size is kept in one layer-2 domain, so a required layer-2 topology already confines it."""
+    inv = inventory_mod.build(nodes("eks-p5-p6"), policy_for({"topology": {"levels": [L2, L1]}}))
+    assert [lv.key for lv in inv.levels] == [L2, L1] and inv.rack_label == L3
+    assert {L3, L2} <= inv.rack_or_finer and L1 not in inv.rack_or_finer
+
+
+def test_each_level_confines_to_its_domain_with_every_finer_key() -> None:
+    """EKS: layer-3, layer-2, layer-1, zone. Keys at a level or finer include every finer level's key, not only
+    the leaf keys of each family."""
+    inv = inventory_mod.build(nodes("eks-p5-p6"), policy_for(None))
+    assert [lv.key for lv in inv.levels] == [L3, L2, L1, "topology.kubernetes.io/zone"]
+    assert {L3, L2, L1, "topology.kubernetes.io/zone"} <= inv.level_finer[3]
+    assert {L3, L2} <= inv.level_finer[1] and L1 not in inv.level_finer[1]
+
+
+def test_an_inventory_whose_nodes_all_left_confines_by_the_rack_label_the_policy_sets() -> None:
+    """topology.rack set to EKS's layer-3: every node leaving (scaled to zero) leaves no level, and the keys that
+    confine a job to one rack are those of that label, as in an inventory that never had a node."""
+    pol = policy_for({"topology": {"rack": L3}})
+    inv = inventory_mod.build(nodes("eks-p5-p6"), pol)
+    assert inv.levels
+    gone = inv.apply({n.name: None for n in inv.nodes})
+    assert gone.levels == () and gone.rack_label == L3
+    assert L3 in gone.rack_or_finer and gone.rack_or_finer == inventory_mod.build([], pol).rack_or_finer
+
+
+def test_node_objects_with_a_malformed_metadata_are_read_not_a_crash() -> None:
+    """A nodes file's Node without metadata, or with a name that is no string: read by its labels (none here),
+    never an error."""
+    gpu = {"allocatable": {"nvidia.com/gpu": "8"}}
+    objs: list[Any] = [
+        {"kind": "Node", "status": gpu},
+        {"kind": "Node", "metadata": None, "status": gpu},
+        {"kind": "Node", "metadata": "h100-1", "status": gpu},
+        {"kind": "Node", "metadata": {"name": ["h100-2"]}, "status": gpu},
+    ]
+    inv = inventory_mod.build(objs, policy_for(None))
+    assert [(n.name, n.whole_gpus) for n in inv.nodes] == [("", 8)] * 4
