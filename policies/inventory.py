@@ -797,7 +797,10 @@ def _levels(
 ) -> tuple[tuple[topology.Level, ...], list[str]]:
     """The topology levels over the whole-card nodes (all GPU nodes when there are none), and warnings."""
     placed = counts.view()
-    keys = list(inv.level_setting) or topology.auto_keys(placed.present(), rack)
+    # Keys with a value: a label present only with an empty value describes no fabric (and must not make the
+    # zone a level, see topology.auto_keys).
+    labelled = frozenset(k for k in placed.present() if placed.key(k).have)
+    keys = list(inv.level_setting) or topology.auto_keys(labelled, rack)
     levels, warnings = topology.build_levels(placed, keys, declared=bool(inv.level_setting))
     setting = inv.rack_setting
     if not index.slots:
