@@ -256,3 +256,117 @@ def test_an_action_is_capped_by_the_mode() -> None:
     assert engine._cap("audit", "audit") == "audit"
     assert engine._cap("off", "audit") == "off"
     assert engine._cap("enforce", "off") == "off"
+
+
+# -- every result of a review, read against the policy ------------------------------------------------------
+
+CASES = [
+    "namespaces/rule-audit-in-enforce",
+    "namespaces/audit",
+    "namespaces/warn",
+    "namespaces/warn-elasticity",
+    "exceptions/warning-rule-excepted",
+    "exceptions/named-workload-excepted-from-one-rule",
+    "exceptions/expired-ignored-and-reported",
+    "clusters/gpu-operator-default-training-pool",
+    "mutations/training-rack-added-kueue-topology-on-workload",
+]
+
+
+def _check_results(r: Review, policy: Any, labels: Any) -> None:
+    from policies import userkeys
+    from policies.workloads import ELASTICITY_KINDS
+
+    mode = userkeys.namespace_mode(labels, policy.default_enforcement)[0]
+    judged = [x for x in r.results if x.action != "mutate"]
+    expected = [
+        rule.id for rule in engine.RULES if r.kind not in ELASTICITY_KINDS or rule.elasticity
+    ]  # every rule, in order, once: none skipped past an error, an exception or an off rule
+    assert [x.rule for x in judged] == expected
+    for x in judged:
+        action = engine._cap(policy.rules.get(x.rule, "enforce"), mode)
+        assert x.action == action, x
+        if x.outcome in ("pass", "skip"):
+            assert x.message == "" and x.outcome == ("skip" if action == "off" else "pass"), x
+        elif x.outcome == "deny":
+            assert action == "enforce" and x.message.startswith(f"{x.rule}: ") and ". Fix: " in x.message
+            assert Finding(x.rule, " ".join(x.message.split())) in r.denials
+        elif x.outcome in ("warn", "audit"):
+            assert x.outcome == action and x.message.startswith(f"{x.rule}: ") and ". Fix: " not in x.message
+            assert (short(x.message) in r.warnings) is (action == "warn")
+        elif x.outcome == "excepted":
+            assert x.message == " ".join(x.message.split()) and x.message.startswith(f"{x.rule}: ")
+            assert "(excepted by " in x.message and x.rule in [rule for rule, _ in r.excepted]
+        else:
+            raise AssertionError(x)
+    assert r.allowed is (not r.denials)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_result_of_a_golden_case_carries_its_action_and_message(name: str) -> None:
+    from tests.test_golden import CASES as ROOT_CASES
+    from tests.test_golden import load_case, run_case
+
+    case = load_case(ROOT_CASES / f"{name}.yaml")
+    r, policy, _, ctx = run_case(case, case["input"])
+    assert r.kind == case["input"]["kind"] and r.policy_hash == policy.hash and r.handled is True
+    _check_results(r, policy, ctx.namespace_labels)
+
+
+def test_a_rule_turned_off_is_skipped_and_the_rest_still_run() -> None:
+    first = engine.RULES[0].id
+    policy = policy_for({"rules": {first: "off"}})
+    r = review(gpu_pod(1), policy=policy, inventory=INVENTORY)
+    assert RuleResult(first, "off", "skip") in r.results
+    _check_results(r, policy, None)
+
+
+def test_after_a_rule_raises_the_other_rules_still_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = engine.RULES[0].id
+    monkeypatch.setattr(engine, "RULES", _only_raising(RULES, {first}))
+    for policy in (OPEN, CLOSED):
+        r = review(gpu_pod(1), policy=policy, inventory=INVENTORY)
+        judged = [x.rule for x in r.results if x.action != "mutate"]
+        assert judged == [rule.id for rule in RULES]
+
+
+def test_validate_false_runs_no_rule_and_mutate_false_returns_the_object_itself() -> None:
+    obj = training_job()
+    r = review(obj, policy=POLICY, inventory=INVENTORY, validate=False)
+    assert r.mutations and all(x.action == "mutate" for x in r.results) and r.denials == ()
+    assert r.kind == "Job" and r.policy_hash == POLICY.hash and r.workload == "training"
+    r = review(obj, policy=POLICY, inventory=INVENTORY, mutate=False)
+    assert r.object is obj and r.patch == () and r.mutations == ()
+    assert not any(x.action == "mutate" for x in r.results)
+
+
+def test_a_pod_with_only_a_misspelt_key_is_judged_by_that_rule_alone_and_never_mutated() -> None:
+    obj = cpu_pod()
+    obj["metadata"]["annotations"] = {"gpu-admission.io/gpu-memroy": "10Gi"}
+    original = copy.deepcopy(obj)
+    r = review(obj, policy=POLICY, inventory=INVENTORY)
+    assert [x.rule for x in r.results] == ["gpu-admission-annotations"]
+    assert r.mutations == () and r.patch == () and r.object is obj and obj == original
+
+
+def test_an_autoscaler_is_judged_by_the_elasticity_rules_only() -> None:
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "h", "namespace": "ml"},
+        "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "d"}, "minReplicas": 0, "maxReplicas": 3},
+    }
+    r = review(hpa, policy=POLICY, inventory=INVENTORY)
+    assert r.kind == "HorizontalPodAutoscaler" and r.mutations == () and r.patch == ()
+    _check_results(r, POLICY, None)
+
+
+def test_a_native_rule_is_skipped_with_no_message_when_nothing_excepts_it() -> None:
+    from policies.native import NATIVE_RULES
+
+    native = frozenset(NATIVE_RULES)
+    r = review(gpu_pod(1), policy=POLICY, inventory=INVENTORY, ctx=ReviewContext(native=native))
+    skipped = [x for x in r.results if x.outcome == "native"]
+    assert skipped and all(x.message == "" for x in skipped)
+    for x in skipped:
+        assert x.action == engine._cap(POLICY.rules.get(x.rule, "enforce"), POLICY.default_enforcement)
