@@ -338,3 +338,21 @@ def test_node_objects_with_a_malformed_metadata_are_read_not_a_crash() -> None:
     ]
     inv = inventory_mod.build(objs, policy_for(None))
     assert [(n.name, n.whole_gpus) for n in inv.nodes] == [("", 8)] * 4
+
+
+def test_a_nodes_list_with_items_that_are_no_objects_and_repeated_names_keeps_every_node() -> None:
+    """A nodes file may hold stray items (skipped) and repeat a name (both nodes kept)."""
+    h100 = nodes("gpu-operator-default")[0]
+    objs: list[Any] = ["dgx-h100-01", None, 8, h100, copy.deepcopy(h100)]
+    inv = inventory_mod.build(objs, policy_for(None))
+    assert [n.name for n in inv.nodes] == ["dgx-h100-01", "dgx-h100-01"]
+    assert inv.max_whole_gpus == 8
+
+
+def test_a_declared_level_no_node_carries_is_skipped_and_the_coarser_ones_kept() -> None:
+    """EKS three-layer instances under levels written for four-layer ones: layer-4 is on no node, one warning,
+    and layer-3 and layer-1 are still levels."""
+    layer4 = "topology.k8s.aws/network-node-layer-4"
+    inv = inventory_mod.build(nodes("eks-p5-p6"), policy_for({"topology": {"levels": [L3, layer4, L1]}}))
+    assert [lv.key for lv in inv.levels] == [L3, L1]
+    assert inv.warnings == (f"no whole-card GPU node carries {layer4!r} (topology.levels): level not used",)
