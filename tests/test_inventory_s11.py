@@ -356,3 +356,25 @@ def test_a_declared_level_no_node_carries_is_skipped_and_the_coarser_ones_kept()
     inv = inventory_mod.build(nodes("eks-p5-p6"), policy_for({"topology": {"levels": [L3, layer4, L1]}}))
     assert [lv.key for lv in inv.levels] == [L3, L1]
     assert inv.warnings == (f"no whole-card GPU node carries {layer4!r} (topology.levels): level not used",)
+
+
+def test_no_node_yet_leaves_the_rack_label_the_policy_sets_or_none() -> None:
+    """A first list with no GPU node: no rack label detected (auto), or the one topology.rack sets."""
+    assert inventory_mod.build([], policy_for(None)).rack_label is None
+    assert inventory_mod.build([], policy_for({"topology": {"rack": L3}})).rack_label == L3
+
+
+def test_equal_offers_of_different_nodes_are_one_instance() -> None:
+    """50,000 nodes advertise a few dozen different offers: each is kept once."""
+    a, b = (inventory_mod.node_from_object(o) for o in nodes("gpu-operator-default"))
+    assert a is not None and b is not None and a.name != b.name
+    assert a.offers[0] == b.offers[0] and a.offers[0] is b.offers[0]
+
+
+def test_an_empty_rack_label_is_no_rack_label() -> None:
+    """GPU Operator nodes whose `topology.kubernetes.io/rack` is written empty are in no rack."""
+    objs = nodes("gpu-operator-default")
+    for o in objs:
+        o["metadata"]["labels"]["topology.kubernetes.io/rack"] = ""
+    inv = inventory_mod.build(objs, policy_for(None))
+    assert inv.rack_label is None and inv.max_rack_gpus == 0 and [n.rack for n in inv.nodes] == [None, None]

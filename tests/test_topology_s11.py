@@ -27,6 +27,7 @@ def test_an_empty_rack_label_is_no_fabric_and_does_not_make_the_zone_a_level() -
         o["metadata"]["labels"]["topology.kubernetes.io/rack"] = ""
     empty_rack = build(objs)
     assert empty_rack.levels == plain.levels == ()
+    assert empty_rack.rack_label is None and plain.rack_label is None
     assert empty_rack.warnings == plain.warnings
     assert len(plain.warnings) == 1 and plain.warnings[0].startswith("no GPU node carries a rack label")
     # The same on GB200 trays whose clique label is empty: no NVLink domain, no level at all.
@@ -35,3 +36,14 @@ def test_an_empty_rack_label_is_no_fabric_and_does_not_make_the_zone_a_level() -
         o["metadata"]["labels"]["nvidia.com/gpu.clique"] = ""
         del o["metadata"]["labels"]["topology.kubernetes.io/rack"]
     assert build(gb).levels == ()
+
+
+def test_rack_or_finer_takes_the_rack_labels_family_up_to_it_and_no_further() -> None:
+    """Topograph's tier-0 is the leaf: tier-1 and above are coarser than a rack. EKS's layer-3 (three-layer
+    instances) has layer-4 below it, and layer-2 above."""
+    tier = "fabric.topograph.run/tier-"
+    keys = topology.rack_or_finer(tier + "0")
+    assert tier + "0" in keys and not {tier + "1", tier + "2", tier + "3"} & keys
+    eks = "topology.k8s.aws/network-node-layer-"
+    keys = topology.rack_or_finer(eks + "3")
+    assert {eks + "4", eks + "3"} <= keys and not {eks + "2", eks + "1"} & keys
