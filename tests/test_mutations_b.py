@@ -72,3 +72,14 @@ def test_what_claims_an_nvlink_domain(pod: dict[str, Any], claims: bool) -> None
     policy = compile_policy(yaml.safe_load(_default_text()))
     s = subject.build(pod, policy, INV, ReviewContext(namespace="ml-research"))
     assert mutations.claims_nvlink_domain(s) is claims
+
+
+def test_reserved_keep_off_answers_each_pod_on_one_snapshot_and_never_keeps_a_job_off_its_own_reservation() -> None:
+    """rack-small is reserved for job `held`: a 4-GPU pod of another job is kept off it (required NotIn), while an
+    unpinned pod of `held` itself gets nothing, though reviewed next against the same snapshot (the keep-off
+    answer is memoized there, per job and gang)."""
+    cap = capacity()
+    other = run(bound_pod("p", "", 4), cap, (HELD,))
+    assert other.mutations == ("reserved-keep-off",)
+    own = run(bound_pod("held-x", "", 4, job_name="held"), cap, (HELD,))
+    assert own.allowed and own.mutations == () and own.patch == ()
