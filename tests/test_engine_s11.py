@@ -206,7 +206,7 @@ def test_a_rule_that_raises_follows_the_failure_mode(monkeypatch: pytest.MonkeyP
         f"{broken}: internal error (KeyError); failing closed per policy. Fix: report this object to the platform team"
     )
     assert r.allowed is False and Finding(broken, message) in r.denials
-    action = next(x.action for x in r.results if x.rule == broken)
+    action = engine._cap(CLOSED.rules.get(broken, "enforce"), CLOSED.default_enforcement)
     assert RuleResult(broken, action, "error", message) in r.results
     r = review(copy.deepcopy(obj), policy=OPEN, inventory=INVENTORY)
     message = f"{broken}: internal error (KeyError); allowed (failing open per policy)"
@@ -370,3 +370,15 @@ def test_a_native_rule_is_skipped_with_no_message_when_nothing_excepts_it() -> N
     assert skipped and all(x.message == "" for x in skipped)
     for x in skipped:
         assert x.action == engine._cap(POLICY.rules.get(x.rule, "enforce"), POLICY.default_enforcement)
+
+
+def test_a_job_with_only_a_misspelt_key_is_never_mutated() -> None:
+    """The misspelt-key path judges without mutating: a Job (whose pods a mutation could label) included."""
+    job = training_job()
+    tpl = job["spec"]["template"]
+    tpl["metadata"] = {"annotations": {"gpu-admission.io/gpu-memroy": "10Gi"}}
+    tpl["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    original = copy.deepcopy(job)
+    r = review(job, policy=POLICY, inventory=INVENTORY)
+    assert [x.rule for x in r.results] == ["gpu-admission-annotations"]
+    assert r.mutations == () and r.patch == () and r.object is job and job == original
