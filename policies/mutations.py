@@ -29,7 +29,7 @@ from policies.subject import (
     grouping,
     meta_map,
 )
-from policies.topology import HOSTNAME, NVLINK_KEYS, ZONE, Level, domain_text, domains_text
+from policies.topology import HOSTNAME, NVLINK_KEYS, ZONE, Level, domain_text, domains_text, kind_of
 from policies.workloads import Json, containers, ray_service_selector
 
 MutationFn = Callable[[Subject, Pod], bool]
@@ -428,9 +428,8 @@ def _prefer_roomiest(s: Subject, p: Pod, d: placement.Decision) -> bool:
 
 def no_domain_fits_note(s: Subject, d: placement.Decision) -> str:
     """The `prefer` fallback's warning, naming the level the job is kept in (rack, NVLink clique, block...)."""
-    level = level_of(s, d.key)
-    # No level: the NVLink key a ComputeDomain job is kept at where cliques are no level (job_domain).
-    noun = domain_text(level, s.inventory.rack_label) if level else "NVLink clique"
+    level = domain_level(s, d.key)
+    noun = domain_text(level, s.inventory.rack_label) if level else "rack"
     factor = _level_factor(s, level)
     # Short (a warning is cut at 120 characters): the factor only; the deny message gives the assumptions.
     cost = f"; all-reduce ≈{factor:.1f}× slower split" if factor else ""
@@ -438,12 +437,11 @@ def no_domain_fits_note(s: Subject, d: placement.Decision) -> str:
 
 
 def _level_factor(s: Subject, level: Level | None) -> float | None:
-    """How many times slower the job's all-reduce is over two domains of `level` than in one (comm model). No
-    level: the NVLink cliques of a key that is no level (no_domain_fits_note)."""
+    """How many times slower the job's all-reduce is over two domains of `level` than in one (comm model)."""
     c = s.policy.comm
     gpus = max(s.job.gpus, 2)
     try:
-        if level is None or level.kind == "nvlink":
+        if level is not None and level.kind == "nvlink":
             return comm.nvlink_domain_penalty(c.message_bytes, gpus, c.bandwidths())
         est = comm.placement_estimate(c.message_bytes, gpus, s.inventory.max_whole_gpus or 8, c.bandwidths())
     except ValueError:
@@ -453,6 +451,15 @@ def _level_factor(s: Subject, level: Level | None) -> float | None:
 
 def level_of(s: Subject, key: str | None) -> Level | None:
     return next((lv for lv in s.inventory.levels if key and lv.key == key), None)
+
+
+def domain_level(s: Subject, key: str | None) -> Level | None:
+    """The level of a key a job is kept at (job_domain), None for no key. A ComputeDomain job is kept in one
+    NVLink clique even where the clique is no level (not on every whole-card node): its key then reads as a
+    level of its kind and unknown size, so messages name cliques and quote what leaving NVLink costs."""
+    if not key:
+        return None
+    return level_of(s, key) or Level(key, kind_of(key), domains=0, largest_gpus=0, nodes=0)
 
 
 def level_penalty(s: Subject, level: Level | None) -> str:

@@ -14,12 +14,12 @@ from policies import comm, ownscaling, placement, schedkeys
 from policies.classify import classify
 from policies.mutations import (
     claims_nvlink_domain,
+    domain_level,
     has_queue,
     has_rack_constraint,
     job_domain,
     larger_than_any_clique,
     larger_than_any_rack,
-    level_of,
     level_penalty,
     no_domain_fits_note,
     only_reserved_gpus,
@@ -28,7 +28,7 @@ from policies.mutations import (
 from policies.quantity import format_bytes
 from policies.resources import GPU, ContainerAsk, is_mig, is_shared, pod_ask
 from policies.subject import OWN_JOB_LABEL, Pod, Subject, meta_map, own_job_values, uses_own_job_label
-from policies.topology import Level, domain_text, domains_text, kind_of
+from policies.topology import Level, domain_text, domains_text
 from policies.workloads import KUBEFLOW_REPLICA_SPECS, Json, containers, effective_kind, templates
 
 
@@ -54,13 +54,9 @@ def _training_pods(s: Subject) -> list[Pod]:
 
 
 def _job_level(s: Subject) -> Level | None:
-    """The level the job is kept at (mutations.job_domain), None when none is known. A ComputeDomain job is kept
-    in one NVLink clique even where the clique is no level (not on every whole-card node): its key then reads as
-    an NVLink level of unknown size, so messages name cliques and quote what leaving NVLink costs."""
+    """The level the job is kept at (mutations.job_domain, mutations.domain_level), None when none is known."""
     domain = job_domain(s)
-    if domain is None:
-        return None
-    return level_of(s, domain[0]) or Level(domain[0], kind_of(domain[0]), domains=0, largest_gpus=0, nodes=0)
+    return domain_level(s, domain[0]) if domain else None
 
 
 def training_same_rack(s: Subject) -> list[Violation]:
@@ -146,8 +142,8 @@ def _gang_shape(sizes: tuple[int, ...]) -> str:
 def _domain_noun(s: Subject, key: str) -> str:
     """How a message names one domain of `key`, a level's key or the NVLink key: a ComputeDomain job is kept
     in one clique even where the clique is no level (not on every whole-card node; mutations.job_domain)."""
-    level = level_of(s, key)
-    return domain_text(level, s.inventory.rack_label) if level is not None else "NVLink clique"
+    level = domain_level(s, key)
+    return domain_text(level, s.inventory.rack_label) if level is not None else "rack"
 
 
 def _held_for_reservation(s: Subject, d: placement.Decision, pod: Pod, held: tuple[str, ...]) -> Violation:

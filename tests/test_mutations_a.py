@@ -17,7 +17,7 @@ from policies import comm
 from policies import inventory as inventory_mod
 from policies.document import Policy, compile_policy, default_policy_text
 from policies.engine import ReviewContext, review
-from policies.mutations import _level_factor
+from policies.mutations import _level_factor, domain_level
 from policies.placement import Capacity
 from policies.topology import Level
 
@@ -67,8 +67,15 @@ def test_over_two_nvlink_cliques_the_factor_is_the_nvlink_domain_penalty_at_the_
     policy = _policy(50)
     want = _two_cliques(policy, 16)
     assert _level_factor(_subject(16, 8, policy), CLIQUE) == want
-    # No level: the NVLink key a ComputeDomain job is kept at where cliques are no level (job_domain).
-    assert _level_factor(_subject(16, 8, policy), None) == want
+    # The NVLink key a ComputeDomain job is kept at where cliques are no level (job_domain) reads as an NVLink
+    # level of unknown size; no key is no level, costed as racks.
+    s = _subject(16, 8, policy)
+    s.inventory.levels = (RACK,)
+    stand_in = domain_level(s, CLIQUE.key)
+    assert stand_in is not None and (stand_in.key, stand_in.kind) == (CLIQUE.key, "nvlink")
+    assert _level_factor(s, stand_in) == want
+    assert domain_level(s, RACK.key) is RACK
+    assert domain_level(s, None) is None and _level_factor(s, None) == _cross_rack(policy, 16, 8)
     assert want != _two_cliques(_policy(200), 16)
     assert want != _cross_rack(policy, 16, 8)
 
