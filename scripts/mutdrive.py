@@ -14,6 +14,7 @@ speed (docs/testing.md, session 11). `make mutmut-fast` runs it.
 Exit codes follow mutmut's: 0 survived, 1 killed, 33 no test reaches the function, 36 killed at the wall-clock
 bound, -24 over the CPU-time bound.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -215,8 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in args.patterns)]
     logged = read_log(args.log)
     write_meta(logged)  # what a stopped run logged but had not flushed
-    undecided = {n for meta in Path("policies").glob("*.py.meta")
-                 for n, code in json.loads(meta.read_text())["exit_code_by_key"].items() if code is None}
+    undecided = {
+        n
+        for meta in Path("policies").glob("*.py.meta")
+        for n, code in json.loads(meta.read_text())["exit_code_by_key"].items()
+        if code is None
+    }
     names = [n for n in names if n not in logged and (args.names or args.patterns or n in undecided)]
 
     work = []
@@ -234,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.getcwd())
     os.environ["MUTANT_UNDER_TEST"] = ""
     os.environ.setdefault("HYPOTHESIS_PROFILE", "mutmut")
-    pytest.main(["--rootdir=.", "-q", "--tb=no", "-p", "no:cacheprovider", "-p", "no:randomly", *files],
-                plugins=[Driver(work, args.jobs, args.log)])
+    pytest.main(
+        ["--rootdir=.", "-q", "--tb=no", "-p", "no:cacheprovider", "-p", "no:randomly", *files],
+        plugins=[Driver(work, args.jobs, args.log)],
+    )
     return 0
 
 

@@ -779,8 +779,7 @@ FAMILIES: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
         "RayService": lambda t: _obj("RayService", {"rayClusterConfig": _ray_cluster_spec(t, head=False)}),
     },
     "inferenceservices": {
-        f"InferenceService({where})": _isvc(where)
-        for where in ("predictor", "model", "worker", "transformer")
+        f"InferenceService({where})": _isvc(where) for where in ("predictor", "model", "worker", "transformer")
     },
     "llminferenceservices": {
         f"LLMInferenceService({where})": _llmisvc(where) for where in ("template", "worker", "prefill")

@@ -1,4 +1,5 @@
 """scripts/mutdrive.py: the choices that decide a mutant's verdict (which tests it runs, how an exit reads)."""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,11 @@ def test_the_log_resumes_a_run_and_a_torn_last_line_is_left_out(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     (tmp_path / "policies").mkdir()
     meta = tmp_path / "policies" / "a.py.meta"
-    meta.write_text(json.dumps({"exit_code_by_key": {"policies.a.x_f__mutmut_1": None,
-                                                      "policies.a.x_f__mutmut_2": None}, "other": 7}))
+    meta.write_text(
+        json.dumps(
+            {"exit_code_by_key": {"policies.a.x_f__mutmut_1": None, "policies.a.x_f__mutmut_2": None}, "other": 7}
+        )
+    )
     mutdrive.write_meta(mutdrive.read_log(log))
     data = json.loads(meta.read_text())
     assert data == {"exit_code_by_key": {"policies.a.x_f__mutmut_1": 1, "policies.a.x_f__mutmut_2": None}, "other": 7}
