@@ -248,10 +248,16 @@ class _Checker:
             return default
         return value
 
-    def number(self, doc: Mapping[str, Any], key: str, default: float, path: str, *, maximum: float) -> float:
+    def number(
+        self, doc: Mapping[str, Any], key: str, default: float, path: str, *, maximum: float, at_least: float = 0.0
+    ) -> float:
+        """A finite number in (0, maximum], or in [at_least, maximum] when `at_least` is given."""
         value = doc.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             self.err(_join(path, key), f"must be a finite number, got {_short(value)}")
+            return default
+        if at_least and not at_least <= value <= maximum:
+            self.err(_join(path, key), f"must be at least {at_least:g} and at most {maximum:g}, got {_short(value)}")
             return default
         if not 0 < value <= maximum:
             self.err(_join(path, key), f"must be positive and at most {maximum:g}, got {_short(value)}")
@@ -403,8 +409,10 @@ def compile_policy(doc: object, text: str | None = None) -> Policy:
         message_bytes=message_bytes,
         nvlink_gbps=c.number(cm, "nvlinkGbps", 400.0, "comm", maximum=MAX_GBPS),
         network_gbps=c.number(cm, "networkGbps", 200.0, "comm", maximum=MAX_GBPS),
+        # At least 1: the comm model divides the network bandwidth by it (1 is a non-blocking fabric); below 1
+        # the model refuses it, and the penalty would drop out of every message and /readyz.
         cross_rack_oversubscription=c.number(
-            cm, "crossRackOversubscription", 2.0, "comm", maximum=MAX_OVERSUBSCRIPTION
+            cm, "crossRackOversubscription", 2.0, "comm", maximum=MAX_OVERSUBSCRIPTION, at_least=1.0
         ),
     )
 

@@ -5,6 +5,7 @@ realistic label sets (GPU Operator/GFD, GKE, EKS, GB200)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -69,9 +70,11 @@ def test_level_report_of_time_sliced_nodes_only_prices_a_two_gpu_job() -> None:
 
 
 def test_level_report_without_a_penalty_when_the_comm_model_refuses_the_policy_bandwidths() -> None:
-    """`comm.crossRackOversubscription` below 1 passes the policy's check (above 0) but not the comm model's
-    (at least 1): the levels are still reported, with an empty penalty, not a crash of /readyz."""
-    pol = policy_for({"comm": {"crossRackOversubscription": 0.5}})
+    """Bandwidths the comm model refuses (an oversubscription below 1, which the policy check now refuses too,
+    so only a Policy built in code has it): the levels are still reported, with an empty penalty, not a crash
+    of /readyz."""
+    pol = policy_for(None)
+    pol = dataclasses.replace(pol, comm=dataclasses.replace(pol.comm, cross_rack_oversubscription=0.5))
     report = inventory_mod.level_report(inventory_mod.build(nodes("gb200-nvl72"), pol), pol)
     assert [(r["key"], r["penalty"]) for r in report] == [
         ("nvidia.com/gpu.clique", ""),

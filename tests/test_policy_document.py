@@ -424,7 +424,7 @@ ERRORS: dict[str, tuple[dict[str, Any], list[str]]] = {
             " 1.5Gi or 500m",
             "comm.nvlinkGbps: must be a finite number, got nan",
             "comm.networkGbps: must be positive and at most 100000, got 0",
-            "comm.crossRackOversubscription: must be positive and at most 1000, got 1001",
+            "comm.crossRackOversubscription: must be at least 1 and at most 1000, got 1001",
         ],
     ),
     "comm-not-finite-or-not-numbers": (
@@ -847,3 +847,39 @@ def test_the_hash_is_of_the_text_or_of_the_sorted_document() -> None:
     b = compile_policy({"inference": {"warmPool": 2}, "failureMode": "open", **BASE})
     canonical = yaml.safe_dump({**BASE, "failureMode": "open", "inference": {"warmPool": 2}}, sort_keys=True)
     assert a.hash == b.hash == "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("1", None),  # a non-blocking fabric: the bound itself
+        ("1000", None),
+        ("0.999", "comm.crossRackOversubscription (line 4): must be at least 1 and at most 1000, got 0.999"),
+        ("0.5", "comm.crossRackOversubscription (line 4): must be at least 1 and at most 1000, got 0.5"),
+        ("1000.5", "comm.crossRackOversubscription (line 4): must be at least 1 and at most 1000, got 1000.5"),
+    ],
+)
+def test_cross_rack_oversubscription_is_at_least_one(value: str, error: str | None) -> None:
+    """Below 1 the comm model refuses it (it divides the network bandwidth), so the penalty would vanish from
+    every message and /readyz while the policy was accepted: the policy check says so instead."""
+    text = HEAD + f"comm:\n  crossRackOversubscription: {value}\n"
+    if error is None:
+        policy = parse_policy_text(text)
+        assert policy.comm.cross_rack_oversubscription == float(value)
+        assert policy.comm.bandwidths().cross_rack_oversubscription == float(value)  # the model takes it
+        return
+    with pytest.raises(PolicyError) as info:
+        parse_policy_text(text)
+    assert info.value.errors == [error]
+
+
+@pytest.mark.parametrize(("value", "ok"), [("0.001", True), ("0", False), ("-1", False), ("10000", True)])
+def test_bandwidths_need_only_be_positive(value: str, ok: bool) -> None:
+    """The other comm numbers keep the (0, maximum] range: only the oversubscription has a floor of 1."""
+    text = HEAD + f"comm:\n  networkGbps: {value}\n"
+    if ok:
+        assert parse_policy_text(text).comm.network_gbps == float(value)
+        return
+    with pytest.raises(PolicyError) as info:
+        parse_policy_text(text)
+    assert info.value.errors == [f"comm.networkGbps (line 4): must be positive and at most 100000, got {value}"]
