@@ -38,7 +38,10 @@ def diff(original: Any, mutated: Any) -> list[JsonOp]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    # JSON distinguishes true from 1 and 1 from "1": compare types as well as values.
+    # JSON distinguishes true from 1 and 1 from "1": compare types as well as values. Only here: Python's `==`
+    # of two containers still takes {"a": 1} and {"a": True} as equal. Decision: an exact walk of every unchanged
+    # subtree cost 45x (10 ms against 0.2 on a 1 MiB template, session 12), and no mutation writes a value over
+    # an equal one of another JSON type.
     return type(a) is type(b) and a == b
 
 
