@@ -16,6 +16,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from policies.selectors import parse_int64
+
 Posting = int | tuple[int, ...]  # bitmask, or sorted slots when small
 SMALL = 64  # postings under this many nodes are tuples (a hostname, a rack)
 NAME_KEY = "\x00name"  # node names live in the label index under a key no label can have
@@ -486,20 +488,13 @@ def _expr_mask(index: NodeIndex, expr: Mapping[str, Any], key: Any, absent: str 
     if op == "DoesNotExist":
         return every & ~present
     if op in ("Gt", "Lt") and len(values) == 1 and isinstance(values[0], str) and isinstance(key, str):
-        want = _int(values[0])
+        want = parse_int64(values[0])
         if want is None:
             return 0
         hit = 0
         for v, p in index.values(key):
-            have_int = _int(v)
+            have_int = parse_int64(v)
             if have_int is not None and (have_int > want if op == "Gt" else have_int < want):
                 hit |= as_mask(p)
         return hit
     return 0
-
-
-def _int(value: str) -> int | None:
-    try:
-        return int(value)
-    except ValueError:
-        return None

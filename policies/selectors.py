@@ -6,17 +6,24 @@ time-sliced nodes by a selector is recognised even when its resource name is pla
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from policies.workloads import Json
 
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+INT64 = 2**63
 
-def _int(value: str) -> int | None:
-    try:
-        return int(value)
-    except ValueError:
+
+def parse_int64(value: str) -> int | None:
+    """A Gt/Lt operand as the scheduler reads it (Go's strconv.ParseInt(value, 10, 64), in apimachinery's
+    labels.Requirement.Matches), None where it fails: ASCII digits after an optional sign, within 64 bits.
+    Python's int() also takes " 8", "1_0" and non-ASCII digits, which would match nodes the scheduler does not."""
+    if not _DECIMAL.fullmatch(value):
         return None
+    n = int(value)
+    return n if -INT64 <= n < INT64 else None
 
 
 def expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -36,7 +43,7 @@ def expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bo
     if op == "DoesNotExist":
         return not present
     if op in ("Gt", "Lt") and present and len(values) == 1 and isinstance(values[0], str):
-        have, want = _int(value), _int(values[0])
+        have, want = parse_int64(value), parse_int64(values[0])
         if have is None or want is None:
             return False
         return have > want if op == "Gt" else have < want
