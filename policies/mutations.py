@@ -770,7 +770,19 @@ def _group_gpus(s: Subject, p: Pod, group: podviews.Group) -> int:
     """Whole GPUs of one group: every template of the group, its pods per group times its GPUs per pod."""
     prefix = "prefill-" if p.template.role.startswith("prefill-") else ""
     members = [q for q in s.pods if q.template.role.startswith(prefix) and group_of(s, q) == group]
-    return sum(q.ask.whole_gpus * q.template.replicas // group.groups for q in members)
+    return sum(q.ask.whole_gpus * _pods_per_group(s, q, group) for q in members)
+
+
+def _pods_per_group(s: Subject, q: Pod, group: podviews.Group) -> int:
+    """A LeaderWorkerSet's group is its leader and size - 1 workers (all `size` workers without a leader
+    template) whatever `replicas` says: scaled to zero, its templates count no pod, yet the affinity written now
+    holds when it is scaled up (through /scale, which this webhook never sees)."""
+    if s.kind == "LeaderWorkerSet":
+        if q.template.role == "leader":
+            return 1
+        has_leader = any(t.template.role == "leader" for t in s.pods)
+        return group.size - 1 if has_leader else group.size
+    return q.template.replicas // group.groups
 
 
 def inference_group(s: Subject, p: Pod) -> bool:
