@@ -123,9 +123,6 @@ class NodeSet(Sequence[GpuNode]):
             mask &= self.universe.set(name)
         return NodeSet(self.universe, mask)
 
-    def excluding(self, name: Any) -> NodeSet:
-        return NodeSet(self.universe, self.mask & ~self.universe.set(name))
-
     @property
     def offer_gpu(self) -> NodeSet:
         """The members that offer plain nvidia.com/gpu."""

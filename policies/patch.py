@@ -26,10 +26,6 @@ def escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def pointer(*parts: str | int) -> str:
-    return "".join("/" + escape(str(p)) for p in parts)
-
-
 def diff(original: Any, mutated: Any) -> list[JsonOp]:
     """Operations that turn `original` into `mutated` (both plain JSON values)."""
     ops: list[JsonOp] = []

@@ -106,10 +106,6 @@ def _resource_map(resources: Any, key: str) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def container_ask(container: Json, init: bool, index: int) -> ContainerAsk:
-    return _container_ask(container, init, index, frozenset())[0]
-
-
 def _container_ask(container: Json, init: bool, index: int, mapped: frozenset[str]) -> tuple[ContainerAsk, bool]:
     """The container's ask, and whether it names a resource served through DRA (`EXTENDED_PREFIX`, or one of
     `mapped`, the classes' extendedResourceNames): read in the same pass, the cheap test before claims."""

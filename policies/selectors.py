@@ -112,7 +112,3 @@ def selection_filter(selection: NodeSelection) -> Callable[[Mapping[str, str], s
         return terms is None or any(term_matches(t, labels) for t in terms)
 
     return matches
-
-
-def pod_matches_node(pod: Json, labels: Mapping[str, str], node_name: str = "") -> bool:
-    return node_filter(pod)(labels, node_name)

@@ -229,21 +229,6 @@ def ray_service_selector(obj: Json, role: str) -> Json | None:
     return {"matchLabels": labels}
 
 
-def lookup(obj: Json, path: tuple[str | int, ...]) -> Any:
-    """Follow a template path (as produced by `templates`) in another copy of the object."""
-    cur: Any = obj
-    for part in path:
-        if isinstance(part, int):
-            if not isinstance(cur, list) or part >= len(cur):
-                return None
-            cur = cur[part]
-        else:
-            if not isinstance(cur, dict):
-                return None
-            cur = cur.get(part)
-    return cur
-
-
 def containers(pod: Json, *, init: bool = True) -> Iterator[Json]:
     """Containers (and init containers) of a pod or pod template that are mappings."""
     spec = pod.get("spec")

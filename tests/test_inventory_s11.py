@@ -83,18 +83,6 @@ def test_level_report_without_a_penalty_when_the_comm_model_refuses_the_policy_b
     ]
 
 
-def test_a_node_set_excluding_a_named_set_keeps_the_others() -> None:
-    """NodeSet.excluding: the time-slicing fixture's H100 node is the only whole-card one."""
-    inv = inventory_mod.build(nodes("time-slicing"), policy_for(None))
-    every = inv.all
-    assert [n.name for n in every.excluding(inventory_mod.WHOLE_CARD)] == ["l4-ts-default", "l4-ts-renamed"]
-    assert [n.name for n in every.excluding(inventory_mod.SHARED)] == ["h100-whole-01"]
-    assert [n.name for n in every.excluding(inventory_mod.DECLARED)] == [n.name for n in every]
-    only_h100 = every.having(inventory_mod.WHOLE_CARD)
-    assert [n.name for n in only_h100.excluding(inventory_mod.SHARED)] == ["h100-whole-01"]
-    assert not only_h100.excluding(inventory_mod.WHOLE_CARD)
-
-
 def test_the_levels_of_a_kind_are_found_by_their_kind() -> None:
     """On GB200 the clique and the rack have the same largest domain (12 GPUs): only the kind tells them apart."""
     inv = inventory_mod.build(nodes("gb200-nvl72"), policy_for(None))

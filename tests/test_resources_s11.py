@@ -12,8 +12,8 @@ from policies.resources import (
     NOTHING,
     ContainerAsk,
     PodAsk,
+    _container_ask,
     _resource_map,
-    container_ask,
     is_gpu_resource,
     is_mig,
     is_shared,
@@ -77,17 +77,20 @@ def test_resource_map_reads_a_mapping_or_nothing() -> None:
     assert _resource_map(None, "limits") == {}
 
 
-def test_container_ask_of_one_container() -> None:
+def test_the_ask_of_one_container() -> None:
     c = {
         "name": "train",
         "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "4"}, "requests": {"nvidia.com/gpu": "1"}},
     }
-    ask = container_ask(c, False, 3)
+    ask = _container_ask(c, False, 3, frozenset())[0]
     assert ask == ContainerAsk("train", False, {"nvidia.com/gpu": 2}, (), ("nvidia.com/gpu",))
     assert ask.claimed is NOTHING
-    init = container_ask(
-        {"resources": {"limits": {"nvidia.com/gpu": "x", "deviceclass.resource.kubernetes.io/gpu": 1}}}, True, 3
-    )
+    init = _container_ask(
+        {"resources": {"limits": {"nvidia.com/gpu": "x", "deviceclass.resource.kubernetes.io/gpu": 1}}},
+        True,
+        3,
+        frozenset(),
+    )[0]
     assert init == ContainerAsk("#3", True, {}, ("nvidia.com/gpu",), ())
 
 

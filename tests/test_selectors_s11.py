@@ -13,7 +13,6 @@ from policies.selectors import (
     expression_matches,
     node_filter,
     node_selection,
-    pod_matches_node,
     required_terms,
     selection_filter,
     term_matches,
@@ -225,14 +224,12 @@ def test_the_filter_checks_node_name_then_selector_then_terms() -> None:
     assert not selection_filter(("", (("gpu", "h100"), ("missing", "")), None))(LABELS, "x")
 
 
-def test_node_filter_and_pod_matches_node_read_the_pod() -> None:
+def test_node_filter_reads_the_pod() -> None:
     pod = terms_pod([{"matchExpressions": [expr("gpu", "Exists")]}])
     pod["spec"].update(nodeName="gpu-1", nodeSelector={"zone": "z1"})
     assert node_filter(pod)(LABELS, "gpu-1")
     assert not node_filter(pod)(LABELS, "gpu-2")
     assert not node_filter(pod)({"zone": "z1"}, "gpu-1")
-    assert pod_matches_node(pod, LABELS, "gpu-1")
-    assert pod_matches_node(pod, LABELS)  # no node name: nodeName is not checked
-    assert not pod_matches_node(pod, LABELS, "gpu-2")
-    assert not pod_matches_node(pod, {"gpu": "h100"}, "gpu-1")
-    assert pod_matches_node({}, {}, "x")
+    assert node_filter(pod)(LABELS, "")  # no node name: nodeName is not checked
+    assert not node_filter(pod)({"gpu": "h100"}, "gpu-1")
+    assert node_filter({})({}, "x")

@@ -15,7 +15,6 @@ from policies.workloads import (
     Template,
     containers,
     effective_kind,
-    lookup,
     ray_group_pods,
     ray_service_selector,
     suspended,
@@ -27,12 +26,19 @@ def pod(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {"containers": [{"name": name}]}}
 
 
+def at(obj: Any, path: tuple[str | int, ...]) -> Any:
+    """The value at a template path (keys and list indexes), to check that `templates` points at its pod."""
+    for part in path:
+        obj = obj[part]
+    return obj
+
+
 def listed(obj: Any) -> list[tuple[tuple[str | int, ...], str, int, str]]:
     """(path, pod name, replicas, role) of each template; the pod found at the path is the template's own."""
     out = []
     for t in templates(obj):
         assert isinstance(t, Template)
-        assert lookup(obj, t.path) is t.pod, t.path
+        assert at(obj, t.path) is t.pod, t.path
         assert t.fold is None and t.readonly is False
         out.append((t.path, t.pod["metadata"]["name"], t.replicas, t.role))
     return out
@@ -403,21 +409,7 @@ def test_a_group_named_like_an_index_but_otherwise_is_selected() -> None:
     assert ray_service_selector(svc, "workers[0]") is not None
 
 
-# -- lookup, containers ------------------------------------------------------------------------------------
-
-
-def test_lookup_follows_keys_and_indexes() -> None:
-    obj = {"spec": {"tasks": [{"template": "a"}, {"template": "b"}], "n": None}}
-    assert lookup(obj, ()) is obj
-    assert lookup(obj, ("spec", "tasks", 1, "template")) == "b"
-    assert lookup(obj, ("spec", "tasks", 0)) == {"template": "a"}
-    assert lookup(obj, ("spec", "tasks", 2, "template")) is None  # past the end
-    assert lookup(obj, ("spec", "tasks", 5)) is None
-    assert lookup(obj, ("spec", "missing", "x")) is None
-    assert lookup(obj, ("spec", "tasks", "template")) is None  # a key into a list
-    assert lookup(obj, ("spec", 0)) is None  # an index into a mapping
-    assert lookup(obj, ("spec", "n", "x")) is None
-    assert lookup([["x", "y"]], (0, 1)) == "y"
+# -- containers ------------------------------------------------------------------------------------------
 
 
 def test_containers_of_a_pod_init_first_mappings_only() -> None:
