@@ -53,7 +53,8 @@ def json_too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     serializer stops with "Recursion limit reached" past a fixed depth (found once, `_dumps_depth()`), so the
     value is serialized inside a prepared chain of lists that leaves it exactly `limit` levels of room. That
     is one C-speed pass (about a fifth of parsing the same text) instead of a Python walk (about three
-    parses). Values orjson cannot serialize (YAML's dates, say) and limits past orjson's use `walk_too_deep`."""
+    parses). Values orjson cannot serialize (an integer past 64 bits, which JSON and YAML both parse) and limits
+    past orjson's use `walk_too_deep`."""
     if not isinstance(value, dict | list):
         return False
     room = _dumps_depth() - limit
