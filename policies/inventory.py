@@ -571,7 +571,10 @@ def _build(
             only, dra = resource in claim_only, resource in published
             offers.append(Offer(resource, count, mem, parsed.compute, kind, parsed.profile, only, dra))
         elif resource == GPU and mig_strategy == "single" and info and info.mig_profile:
-            p = mig.parse_mig_resource(mig.resource_name(info.mig_profile))
+            try:
+                p = mig.parse_mig_resource(mig.resource_name(info.mig_profile))
+            except ValueError:  # a product label's profile no device plugin names (`-MIG-1g.05gb`): size unknown
+                p = None
             mem = p.memory_gb * 2**30 if p else 0
             offers.append(Offer(resource, count, mem, p.compute if p else 0, "shared" if shared else "mig",
                                 info.mig_profile))  # fmt: skip
@@ -752,16 +755,17 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
         whole, unshared, found = affinity.expressions(index, _groups(index))
         problems = tuple(found)
     if not levels_touched and rack == inv.rack_label:  # heartbeats, and labels no level can read (health...)
-        levels, level_warnings, nvlink_key = inv.levels, inv.level_warnings, inv.nvlink_key
-        nvlink_largest = inv.nvlink_largest
+        levels, level_warnings = inv.levels, inv.level_warnings
     else:
         # From the counts: O(candidate keys), only when a node came or went or a level input changed.
         levels, found_warnings = _levels(index, inv, counts, rack)
         levels = inv.levels if levels == inv.levels else levels  # the same: keep what is derived from them
         level_warnings = tuple(found_warnings)
-        nvlink_key = next((k for k in topology.NVLINK_KEYS if _labelled(index, k)), None)
-        # From the same counts (O(1)); 0 when the policy's declared levels leave the key out of them.
-        nvlink_largest = counts.view().key(nvlink_key).largest if nvlink_key else 0
+    # Every version (O(NVLink keys)): under declared levels that leave it out, an NVLink key's labels (GFD adds
+    # the clique once the fabric is up, after the node joined) touch no level count.
+    nvlink_key = next((k for k in topology.NVLINK_KEYS if _labelled(index, k)), None)
+    # From the same counts (O(1)); 0 when the policy's declared levels leave the key out of them.
+    nvlink_largest = counts.view().key(nvlink_key).largest if nvlink_key else 0
     same_levels = levels is inv.levels
     epoch = inv.topology_epoch if not levels_touched and rack == inv.rack_label else TopologyEpoch()
     return Inventory(
