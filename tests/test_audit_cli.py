@@ -510,3 +510,23 @@ def test_parse_duration() -> None:
     for bad in ("", "15", "m", "1x", "-1h", "1h 2m"):
         with pytest.raises(UsageError):
             parse_duration(bad, "--since")
+
+
+def test_the_unfinished_last_line_of_a_live_log_is_left_out_not_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Read while the server writes: the last line may be half written (no newline yet). That is no malformed
+    line, and is said as such; a complete line that is no record is still counted as skipped, and a last line
+    with no newline that is a whole record is read."""
+    path = tmp_path / "audit.log"
+    whole = [orjson.dumps(r) + b"\n" for r in decisions()[:3]]
+    path.write_bytes(b"".join(whole) + orjson.dumps(decisions()[3])[:50])
+    assert query(capsys, str(path)) == (
+        ids(0, 1, 2),
+        "gpu-admission audit: left out the unfinished last line of 1 input(s) (still being written)\n",
+    )
+    path.write_bytes(b"".join(whole) + b"not json\n" + orjson.dumps(decisions()[3]))  # complete, no newline
+    assert query(capsys, str(path)) == (
+        ids(0, 1, 2, 3),
+        "gpu-admission audit: skipped 1 line(s) that are not audit records\n",
+    )

@@ -97,6 +97,7 @@ class Reader:
     def __init__(self) -> None:
         self.records = 0
         self.skipped = 0
+        self.unfinished = 0  # last lines with no newline that are no record: a log still being written
         self.inputs = 0
 
     def read(self, sources: list[str]) -> Iterator[Entry]:
@@ -116,14 +117,15 @@ class Reader:
         try:
             stream: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=raw) if _is_gzip(raw) else raw
             for line in _bounded_lines(stream):
-                entry = self._parse(line)
+                # Only a stream's last line can lack its newline: the writer may be halfway through it.
+                entry = self._parse(line, unfinished=not line.endswith(b"\n"))
                 if entry is not None:
                     yield entry
         except (OSError, EOFError, zlib.error) as exc:
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise UsageError(f"cannot read {name}: {reason}") from None
 
-    def _parse(self, line: bytes) -> Entry | None:
+    def _parse(self, line: bytes, unfinished: bool = False) -> Entry | None:
         line = line.strip()
         if not line:
             return None
@@ -135,7 +137,9 @@ class Reader:
         if json_too_deep(rec):
             rec = None  # not a record this program wrote (they nest ~10 levels); skipped like any other
         entry = _as_entry(rec)
-        if entry is None:
+        if entry is None and unfinished:
+            self.unfinished += 1
+        elif entry is None:
             self.skipped += 1
         else:
             self.records += 1
@@ -152,7 +156,7 @@ def _bounded_lines(stream: IO[bytes] | gzip.GzipFile) -> Iterator[bytes]:
         if len(line) > MAX_LINE and not line.endswith(b"\n"):
             while (rest := stream.readline(MAX_LINE)) and not rest.endswith(b"\n"):
                 pass
-            yield b"{"  # counted as a skipped line
+            yield b"{\n"  # counted as a skipped line
             continue
         yield line
 
@@ -295,6 +299,12 @@ def run(args: argparse.Namespace) -> int:
     if reader.skipped:
         print(
             f"gpu-admission audit: skipped {reader.skipped} line(s) that are not audit records",
+            file=sys.stderr,
+        )
+    if reader.unfinished:
+        print(
+            f"gpu-admission audit: left out the unfinished last line of {reader.unfinished} input(s) "
+            "(still being written)",
             file=sys.stderr,
         )
     count = summary.count if summary is not None else len(matched)
