@@ -167,9 +167,16 @@ def _sets_of(node: GpuNode) -> list[Any]:
             out.append(OFFERS_GPU)
         mem = o.memory_bytes
         if o.kind == "shared" and o.resource in (GPU, GPU_SHARED):
-            mem = node.memory_bytes // max(_int_label(node.labels, "nvidia.com/gpu.replicas", 1), 1)
+            mem = node.memory_bytes // _replicas(node.labels)
         out.append(("offer", o, mem))
     return out
+
+
+def _replicas(labels: Mapping[str, str]) -> int:
+    """The units each GPU of a shared node is advertised as: GFD's replicas label, or on GKE (no GFD) its
+    clients per GPU (time-sharing and MPS alike)."""
+    gfd = _int_label(labels, "nvidia.com/gpu.replicas")
+    return max(gfd or _int_label(labels, gpulabels.GKE_MAX_CLIENTS), 1)
 
 
 @dataclass(frozen=True)

@@ -213,3 +213,35 @@ def test_levels_declared_by_a_sites_own_labels_are_counted_from_the_first_node()
     inv = inventory_mod.build(objs, pol)
     assert [(lv.key, lv.domains, lv.largest_gpus) for lv in inv.levels] == [(leaf, 2, 8), (spine, 1, 16)]
     assert inv.warnings == ()
+
+
+def _gke_time_shared_a100(clients: int) -> dict[str, Any]:
+    """A GKE A100 40GB node (a2-highgpu-1g) in a time-sharing node pool: GKE's device plugin advertises each
+    GPU as `clients` units of nvidia.com/gpu; no GFD, so no nvidia.com/gpu.replicas label."""
+    name = "gke-a100-shared-pool-0"
+    labels = {
+        "kubernetes.io/hostname": name,
+        "cloud.google.com/gke-nodepool": "a100-shared-pool",
+        "cloud.google.com/gke-accelerator": "nvidia-tesla-a100",
+        "cloud.google.com/gke-gpu-sharing-strategy": "time-sharing",
+        "cloud.google.com/gke-max-shared-clients-per-gpu": str(clients),
+    }
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"cpu": "11", "pods": "110", "nvidia.com/gpu": str(clients)}}}  # fmt: skip
+
+
+def test_a_gke_time_shared_unit_offers_the_cards_memory_shared_by_its_clients() -> None:
+    """A time-shared unit offers its fair share of the card (docs/policy.md: card memory / replicas). On GKE the
+    replicas are `cloud.google.com/gke-max-shared-clients-per-gpu`: an A100 40GB shared by 4 clients offers
+    10 GiB a unit, so an 8 GiB ask fits a share and a 16 GiB one goes to a whole H100 (the fixture's A3 Mega)."""
+    h100 = nodes("gke")[0]
+    inv = inventory_mod.build([_gke_time_shared_a100(4), h100], policy_for(None))
+    offers = {(name[1].kind, name[1].count, name[2]) for name, _ in inv.all.members_of("offer")}
+    assert offers == {("shared", 4, 10 * GiB), ("whole", 8, 80 * GiB)}
+    fits = mutations.choose_slice(inv.all, 8 * GiB, allow_shared=True)
+    assert fits is not None and (fits[0].kind, [n.name for n in fits[1]]) == ("shared", ["gke-a100-shared-pool-0"])
+    too_big = mutations.choose_slice(inv.all, 16 * GiB, allow_shared=True)
+    assert too_big is not None and (too_big[0].kind, [n.name for n in too_big[1]]) == (
+        "whole",
+        [h100["metadata"]["name"]],
+    )
