@@ -749,7 +749,8 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
     counts = counts.apply(shapes_gone, shapes_new) if shapes_gone or shapes_new else counts
     # Any shape change, not the net delta: a node swapped for a same-shaped one still moves the topology epoch.
     levels_touched = bool(shapes_gone or shapes_new)
-    same_keys = index.has is inv.index.has
+    # No key came or went and no value changed (an empty value is no rack label: see _labelled).
+    same_keys = index.has is inv.index.has and index.labels is inv.index.labels
     detected = rack if same_keys else _rack_label(index, inv.rack_setting)
     if detected != rack:  # every node's rack changes: re-read them all (rare: the first GPU node with a rack label)
         rack = detected

@@ -313,3 +313,71 @@ def test_the_shared_offers_table_keeps_at_most_its_bound(monkeypatch: pytest.Mon
     past = Offer(GPU, bound + 1, 80 * GiB, 0, "whole")
     assert inventory_mod._shared_offer(past) is past
     assert len(table) == bound and past not in table
+
+
+# --- _levels: the levels' own warnings, quoted whole -------------------------------------------------------
+
+NO_RACK = (
+    "no GPU node carries a rack label (topology.kubernetes.io/rack, EKS/GKE/OKE/Topograph ones) or an NVLink "
+    "clique: training-rack cannot be applied; set topology.levels or label the nodes"
+)
+
+
+def test_without_a_rack_label_or_a_clique_the_inventory_says_how_to_get_levels() -> None:
+    """GPU Operator defaults on two H100 nodes (a zone, no rack, no clique): no level, and the one warning says
+    what cannot be applied and the two ways out; the same on AKS. No warning without a GPU node."""
+    for cluster in ("gpu-operator-default", "aks"):
+        inv = inventory_mod.build(nodes(cluster), policy_for(None))
+        assert inv.levels == () and inv.warnings == inv.level_warnings == (NO_RACK,)
+    assert inventory_mod.build([], policy_for(None)).warnings == ()
+
+
+def test_a_rack_label_set_in_the_policy_that_no_node_carries_is_named() -> None:
+    """topology.rack set to EKS's layer-3 label on GPU Operator nodes (on-prem, no such label): the warning names
+    the label the policy set, and no other; the same label on EKS nodes raises none."""
+    pol = policy_for({"topology": {"rack": L3}})
+    inv = inventory_mod.build(nodes("gpu-operator-default"), pol)
+    assert inv.levels == () and inv.rack_label == L3
+    assert inv.warnings == (f"no GPU node carries the rack label {L3!r} set in topology.rack",)
+    eks = inventory_mod.build(nodes("eks-p5-p6"), pol)
+    assert eks.warnings == () and eks.levels[0].key == L3
+
+
+def test_a_rack_label_of_its_own_set_in_the_policy_is_the_rack_level() -> None:
+    """An on-prem cluster labels its racks with a key of its own (`infra.example.com/rack`) and sets it as
+    topology.rack: it is the rack level, under the zone, though no detected label is on the nodes."""
+    own = "infra.example.com/rack"
+    objs = nodes("gpu-operator-default")
+    for o, rack in zip(objs, ("r1", "r2"), strict=True):
+        o["metadata"]["labels"][own] = rack
+    inv = inventory_mod.build(objs, policy_for({"topology": {"rack": own}}))
+    assert [(lv.key, lv.kind, lv.domains, lv.largest_gpus) for lv in inv.levels] == [
+        (own, "switch", 2, 8),
+        ("topology.kubernetes.io/zone", "zone", 1, 16),
+    ]
+    assert inv.rack_label == own and inv.warnings == () and inv.max_rack_gpus == 8
+
+
+def test_rack_labels_whose_values_are_filled_in_or_emptied_later_are_read_as_a_fresh_build_reads_them() -> None:
+    """Time-slicing's three nodes joined with `topology.kubernetes.io/rack` written empty (no rack yet), then a
+    labelling job fills in r2: the rack label is detected, every node is in r2 and the rack holds the H100's 8
+    GPUs, as in an inventory built from the labelled nodes; emptied again, no rack label. Before the fix the
+    detection ran only when a label key came or went, so the rack label stayed what it was (None, while the
+    levels already had the rack)."""
+    pol = policy_for(None)
+    labelled = nodes("time-slicing")
+    empty = copy.deepcopy(labelled)
+    for o in empty:
+        o["metadata"]["labels"]["topology.kubernetes.io/rack"] = ""
+
+    def facts(inv: inventory_mod.Inventory) -> tuple[Any, ...]:
+        return inv.rack_label, [n.rack for n in inv.nodes], inv.max_rack_gpus, inv.levels, inv.warnings
+
+    inv = inventory_mod.build(empty, pol)
+    assert facts(inv)[:3] == (None, [None] * 3, 0)
+    inv = inv.apply({o["metadata"]["name"]: _node(o) for o in labelled})
+    assert facts(inv) == facts(inventory_mod.build(labelled, pol))
+    assert facts(inv)[:3] == ("topology.kubernetes.io/rack", ["r2"] * 3, 8)
+    inv = inv.apply({o["metadata"]["name"]: _node(o) for o in empty})
+    assert facts(inv) == facts(inventory_mod.build(empty, pol))
+    assert facts(inv)[:3] == (None, [None] * 3, 0)
