@@ -244,6 +244,18 @@ def test_a_profile_counted_zero_is_no_profile_in_use() -> None:
     assert inv.whole_card_expressions == (*BASE_EXPRESSIONS, count("1g.10gb"), count("2g.20gb"), count("3g.40gb"))
 
 
+def test_an_expression_that_would_shut_out_a_whole_card_node_is_left_out() -> None:
+    """test_gpulabels_s11's case on Nodes: the whole-card H100, labelled mixed cluster-wide, reads a 1g.10gb count
+    of 0 (no slice: it stays whole), so `mig-1g.10gb.count DoesNotExist` would shut it out and is dropped; the
+    2g.20gb and 3g.40gb ones still keep a100-mig-1 out, and the base expressions stay."""
+    h100 = copy.deepcopy(H100_MIXED)
+    h100["metadata"]["labels"]["nvidia.com/mig-1g.10gb.count"] = "0"
+    inv = build([h100, A100_MIXED])
+    assert [n.whole_card for n in inv.nodes] == [True, False]
+    assert inv.whole_card_expressions == (*BASE_EXPRESSIONS, count("2g.20gb"), count("3g.40gb"))
+    assert inv.label_problems == ()
+
+
 def test_every_count_value_of_a_profile_counts() -> None:
     """Two nodes count the same profile differently, one offering whole GPUs beside its slices, one not: the
     profile's nodes are those of every value. Built twice with the counts swapped (an 8-GPU node with 2 or 4
