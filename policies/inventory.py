@@ -420,10 +420,13 @@ def _int_label(labels: Mapping[str, str], key: str, default: int = 0) -> int:
     return int(value) if value.isascii() and value.isdigit() else default
 
 
-def _gpu_resources(node: Json) -> dict[str, int]:
+def _gpu_resources(node: Json) -> dict[str, int] | None:
+    """The GPU resources the status advertises (allocatable, else capacity), None where the node has no status
+    of resources to read (a nodes file of labels only). A status naming no GPU, or 0 of one (every GPU unhealthy,
+    the device plugin not up yet), offers none: the scheduler places nothing there, whatever GFD's labels say."""
     status = node.get("status")
     if not isinstance(status, dict):
-        return {}
+        return None
     for key in ("allocatable", "capacity"):
         res = status.get(key)
         if isinstance(res, dict) and any(isinstance(k, str) and is_gpu_resource(k) for k in res):
@@ -433,7 +436,7 @@ def _gpu_resources(node: Json) -> dict[str, int]:
                 if isinstance(name, str) and is_gpu_resource(name) and count:
                     out[name] = count
             return out
-    return {}
+    return {} if any(isinstance(status.get(k), dict) for k in ("allocatable", "capacity")) else None
 
 
 def _resources_from_labels(labels: Mapping[str, str], sharing: str, mig_strategy: str) -> dict[str, int]:
@@ -476,8 +479,8 @@ def node_from_object(
     if mig_strategy not in ("single", "mixed"):
         mig_strategy = "single" if info and info.mig_profile else "none"
     resources = _gpu_resources(node)
-    if not resources and devices is None:  # a DRA node's GPUs are what its slices publish, not its labels
-        resources = _resources_from_labels(labels, sharing, mig_strategy)
+    if resources is None:  # a DRA node's GPUs are what its slices publish, not its labels
+        resources = _resources_from_labels(labels, sharing, mig_strategy) if devices is None else {}
     claim_only: frozenset[str] = frozenset()
     published: frozenset[str] = frozenset()
     if devices is not None:
