@@ -733,12 +733,15 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
     counts = inv.level_counts
     shapes_gone: list[Shape] = []
     shapes_new: list[Shape] = []
+    nvlink_touched = False  # an NVLink key's value changed: under declared levels that leave it out, no shape does
     for key, n in changes.items():
         slot = index.slots.get(key)
         old = index.node(slot) if slot is not None else None
         if n is not None:
             n = changes[key] = _with_rack(n, rack)
         if not _same_level_facts(old, n):
+            # (A node that came or went changes the candidates' mask, which the groupings are memoized by.)
+            nvlink_touched |= old is not None and n is not None and _nvlink_values(old) != _nvlink_values(n)
             gone, new = _shape(counts, old), _shape(counts, n)
             if gone != new:
                 shapes_gone += [gone] if gone is not None else []
@@ -778,7 +781,9 @@ def _next(inv: Inventory, changes: dict[str, GpuNode | None]) -> Inventory:
     # From the same counts (O(1)); 0 when the policy's declared levels leave the key out of them.
     nvlink_largest = counts.view().key(nvlink_key).largest if nvlink_key else 0
     same_levels = levels is inv.levels
-    epoch = inv.topology_epoch if not levels_touched and rack == inv.rack_label else TopologyEpoch()
+    # A new epoch drops what was memoized on the old one: the groupings by domain, a clique's among them.
+    same_topology = not levels_touched and not nvlink_touched and rack == inv.rack_label
+    epoch = inv.topology_epoch if same_topology else TopologyEpoch()
     return Inventory(
         index=index,
         totals=totals,
@@ -884,6 +889,10 @@ def _same_level_facts(old: GpuNode | None, new: GpuNode | None) -> bool:
         and old.whole_card == new.whole_card
         and old.whole_gpus == new.whole_gpus
     )
+
+
+def _nvlink_values(n: GpuNode) -> tuple[str | None, ...]:
+    return tuple(n.labels.get(k) for k in topology.NVLINK_KEYS)
 
 
 def _shape(counts: LevelCounts, n: GpuNode | None) -> Shape | None:

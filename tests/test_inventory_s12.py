@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from policies import inventory as inventory_mod
+from policies.subject import grouping
 from tests.test_golden import policy_for
 from tests.test_topology_levels import nodes
 
@@ -55,3 +56,28 @@ def test_a_node_of_labels_only_offers_what_gfd_counted(status: dict[str, Any] | 
         node["status"] = status
     n = inventory_mod.node_from_object(node)
     assert n is not None and n.whole_gpus == 8
+
+
+def test_a_tray_moved_to_another_clique_regroups_the_candidates_under_declared_levels() -> None:
+    """GB200 trays under `topology.levels: [rack, zone]`: the clique is no level, so a clique value that changes
+    on a tray (GFD relabels it once the fabric is re-cabled) touches no level count. The groupings by clique,
+    memoized per topology epoch, must still follow it: the epoch is renewed when an NVLink key's value changes."""
+    pol = policy_for({"topology": {"levels": ["topology.kubernetes.io/rack", "topology.kubernetes.io/zone"]}})
+    objs = copy.deepcopy(nodes("gb200-nvl72"))
+    key = "nvidia.com/gpu.clique"
+    inv = inventory_mod.build(objs, pol)
+    before = grouping(inv, inv.all, key).members
+    moved = copy.deepcopy(objs[0])
+    (first,) = (d for d, m in before.items() if any(name == moved["metadata"]["name"] for name, _ in m))
+    other = next(d for d in before if d != first)
+    moved["metadata"]["labels"][key] = other
+    inv = inv.apply({moved["metadata"]["name"]: inventory_mod.node_from_object(moved)})
+    fresh = inventory_mod.build([moved, *objs[1:]], pol)
+    names = {d: sorted(m) for d, m in grouping(inv, inv.all, key).members.items()}
+    assert names == {d: sorted(m) for d, m in grouping(fresh, fresh.all, key).members.items()}
+    assert moved["metadata"]["name"] in [name for name, _ in names[other]]
+    # A heartbeat (nothing the levels or cliques read) keeps the epoch and its memos.
+    epoch = inv.topology_epoch
+    beat = copy.deepcopy(moved)
+    beat["metadata"]["labels"]["nvidia.com/gpu.deploy.dcgm"] = "false"
+    assert inv.apply({moved["metadata"]["name"]: inventory_mod.node_from_object(beat)}).topology_epoch is epoch
