@@ -81,3 +81,17 @@ def test_a_tray_moved_to_another_clique_regroups_the_candidates_under_declared_l
     beat = copy.deepcopy(moved)
     beat["metadata"]["labels"]["nvidia.com/gpu.deploy.dcgm"] = "false"
     assert inv.apply({moved["metadata"]["name"]: inventory_mod.node_from_object(beat)}).topology_epoch is epoch
+
+
+@pytest.mark.parametrize(
+    ("labels", "units"),
+    [
+        ({}, 1),  # no count of clients: the unit is the whole card
+        ({"nvidia.com/gpu.replicas": "4"}, 4),
+        ({"nvidia.com/gpu.replicas": "0"}, 1),
+        ({"cloud.google.com/gke-max-shared-clients-per-gpu": "2"}, 2),  # GKE: no GFD
+        ({"nvidia.com/gpu.replicas": "4", "cloud.google.com/gke-max-shared-clients-per-gpu": "2"}, 4),  # GFD's wins
+    ],
+)
+def test_a_shared_gpu_is_advertised_as_this_many_units(labels: dict[str, str], units: int) -> None:
+    assert inventory_mod._replicas(labels) == units
