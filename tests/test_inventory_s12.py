@@ -95,3 +95,22 @@ def test_a_tray_moved_to_another_clique_regroups_the_candidates_under_declared_l
 )
 def test_a_shared_gpu_is_advertised_as_this_many_units(labels: dict[str, str], units: int) -> None:
     assert inventory_mod._replicas(labels) == units
+
+
+def test_a_clique_change_is_not_forgotten_behind_another_change_of_the_same_batch() -> None:
+    """One watch batch: a tray moved to another clique, then another tray's health label changed. The second
+    change touches no NVLink key; the first must still renew the epoch the groupings are memoized on."""
+    pol = policy_for({"topology": {"levels": ["topology.kubernetes.io/rack", "topology.kubernetes.io/zone"]}})
+    objs = copy.deepcopy(nodes("gb200-nvl72"))
+    key = "nvidia.com/gpu.clique"
+    inv = inventory_mod.build(objs, pol)
+    groups = grouping(inv, inv.all, key).members
+    moved, beat = copy.deepcopy(objs[0]), copy.deepcopy(objs[-1])
+    moved["metadata"]["labels"][key] = next(d for d in groups if d != moved["metadata"]["labels"][key])
+    beat["metadata"]["labels"]["nvidia.com/gpu.deploy.dcgm"] = "false"
+    assert moved["metadata"]["name"] != beat["metadata"]["name"]
+    batch = {o["metadata"]["name"]: inventory_mod.node_from_object(o) for o in (moved, beat)}
+    after = inv.apply(batch)
+    assert after.topology_epoch is not inv.topology_epoch
+    fresh = inventory_mod.build([moved, *objs[1:-1], beat], pol)
+    assert grouping(after, after.all, key).members == grouping(fresh, fresh.all, key).members
