@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from policies import dra
 from policies import inventory as inventory_mod
 from policies.subject import grouping
 from tests.test_golden import policy_for
@@ -114,3 +115,16 @@ def test_a_clique_change_is_not_forgotten_behind_another_change_of_the_same_batc
     assert after.topology_epoch is not inv.topology_epoch
     fresh = inventory_mod.build([moved, *objs[1:-1], beat], pol)
     assert grouping(after, after.all, key).members == grouping(fresh, fresh.all, key).members
+
+
+def test_a_dra_node_of_labels_only_offers_what_its_slices_publish_not_gfds_counts() -> None:
+    """A nodes file of labels only, with the node's ResourceSlices: GFD counted 8 GPUs, the slices publish 4
+    (the others kept for the device plugin, or unhealthy). A DRA node's GPUs are what its slices publish."""
+    obj = copy.deepcopy(nodes("examples/cluster/dra.yaml")[0])
+    del obj["status"]
+    obj["metadata"]["labels"]["nvidia.com/gpu.count"] = "8"
+    devices = dra.NodeDevices({"nvidia.com/gpu": 4}, "NVIDIA-H100-80GB-HBM3", 81559 * 2**20)
+    n = inventory_mod.node_from_object(obj, (), devices)
+    assert n is not None
+    assert [(o.resource, o.count, o.dra) for o in n.offers] == [("nvidia.com/gpu", 4, True)]
+    assert n.whole_gpus == 4
