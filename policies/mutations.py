@@ -314,7 +314,7 @@ def training_rack(s: Subject, p: Pod) -> bool:
     if domain is None or larger_than_any_rack(s):
         return False  # nothing known to place by, or no domain can hold it (a required one would strand it)
     key = domain[0]
-    if s.policy.gang_workload and s.kind == "Job" and _own_job_constraints(s):
+    if s.policy.gang_workload and schedkeys.has_job_constraints(s):
         # The Workload API's gang with the user's own topology: kept, and no podAffinity beside it (upstream: a
         # PodGroup with intra-group pod affinity may find no placement whatever the cluster's state). Coarser
         # than the job's level, training-same-rack says so.
@@ -399,13 +399,6 @@ def _job_scheduling(s: Subject, key: str) -> bool:
         sched["schedulingConstraints"] = constraints  # the user's own policy (gang or basic) kept as it is
         return True
     return False
-
-
-def _own_job_constraints(s: Subject) -> bool:
-    """The Job's `spec.scheduling` carries the user's own schedulingConstraints (the Workload API's)."""
-    spec = child(s.obj, "spec")
-    sched = spec.get("scheduling") if isinstance(spec, dict) else None
-    return isinstance(sched, dict) and sched.get("schedulingConstraints") is not None
 
 
 def _in(key: str, values: list[str]) -> Json:

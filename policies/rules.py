@@ -98,9 +98,9 @@ def training_same_rack(s: Subject) -> list[Violation]:
         return [_no_job_identity(s, f"{size} training job ({roles}) has no job identity", why, key)]
     across = domains_text(level, s.inventory.rack_label)
     found = f"{size} training job ({roles}) may be spread across {across}{why}"
-    if s.kind == "Job" and schedkeys.workload_topology(s, pods[0]) is not None:
-        # The Workload API's gang with a coarser topology of the user's: podAffinity beside it may leave the
-        # PodGroup unplaceable (upstream), so the fix is in the gang's own constraint.
+    if schedkeys.has_job_constraints(s):
+        # The Workload API's gang with constraints of the user's, none at this level: podAffinity beside them may
+        # leave the PodGroup unplaceable (upstream), so the fix is in the gang's own constraint.
         return [Violation(found, f"set spec.scheduling.schedulingConstraints.topology to [{{key: {key}}}]")]
     fix = (
         f"add required podAffinity with topologyKey {key}, Kueue podset-required-topology, or enable the "

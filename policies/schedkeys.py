@@ -44,9 +44,7 @@ def workload_topology(s: Subject, p: Pod) -> str | None:
     constraint, or (when the policy says the cluster runs it) any pod of a PodGroup, whose group carries the
     Job's constraint. Reading a pod's PodGroup would need the API: the Job it came from was judged at apply."""
     if s.kind == "Job":
-        spec = s.obj.get("spec")
-        sched = spec.get("scheduling") if isinstance(spec, dict) else None
-        cons = sched.get("schedulingConstraints") if isinstance(sched, dict) else None
+        cons = _job_constraints(s)
         topo = cons.get("topology") if isinstance(cons, dict) else None
         keys = [t.get("key") for t in topo if isinstance(t, dict)] if isinstance(topo, list) else []
         return next((k for k in keys if isinstance(k, str) and k), None)
@@ -54,6 +52,17 @@ def workload_topology(s: Subject, p: Pod) -> str | None:
     if s.policy.gang_workload and isinstance(group, dict) and group.get("podGroupName"):
         return WORKLOAD_GROUP
     return None
+
+
+def has_job_constraints(s: Subject) -> bool:
+    """A Job whose `spec.scheduling` carries the user's own schedulingConstraints (the Workload API's gang)."""
+    return s.kind == "Job" and _job_constraints(s) is not None
+
+
+def _job_constraints(s: Subject) -> Any:
+    spec = s.obj.get("spec")
+    sched = spec.get("scheduling") if isinstance(spec, dict) else None
+    return sched.get("schedulingConstraints") if isinstance(sched, dict) else None
 
 
 # Stands for "the PodGroup's own constraint" (a pod of a PodGroup): counts as at any level.
